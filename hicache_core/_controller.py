@@ -1,0 +1,557 @@
+"""``CacheController``: moves pages between host pools and the selected storage backend.
+
+It attaches a store (registers every pool through ``hicache_register_pool``), picks the I/O
+path once (v2 when declared and the layout allows it, else v1), resolves draft offload from
+the declared ``hicache_draft_io_capability`` (never from a backend name), and runs ``backup``,
+``query`` and ``prefetch`` synchronously or on a thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from ._config import PrefetchPolicy, StorageConfig
+from ._errors import BatchShapeError, ConfigError, HiCacheError, PoolError
+from ._keys import check_page_hash
+from ._pool_group import HostPoolGroup
+from ._pools import HostPool
+from ._results import QueryResult, TransferResult, leading_run
+from ._store import Store
+from ._types import DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
+
+__all__ = ["CacheController", "DraftOffloadDisabledWarning", "PrefetchHandle"]
+
+log = logging.getLogger("hicache")
+T = TypeVar("T")
+IndexLike = Sequence[int] | Any
+
+
+class DraftOffloadDisabledWarning(UserWarning):
+    """Draft KV offload was disabled for this store (the message says why)."""
+
+
+@dataclass
+class _Plan:
+    """One pool's share of a request: page positions and the host pages that hold them."""
+
+    name: PoolName
+    pool: HostPool
+    positions: list[int]
+    indices: list[int]
+
+    def window(self, start: int, stop: int) -> _Plan:
+        sel = [i for i, p in enumerate(self.positions) if start <= p < stop]
+        return _Plan(self.name, self.pool, [self.positions[i] for i in sel], [self.indices[i] for i in sel])
+
+
+class _Failed(Exception):
+    """Internal: a backend call failed; the message is already logged and recorded."""
+
+
+class CacheController:
+    """Attach ``pools`` to the store named by ``config`` and move pages.
+
+    ``pools`` may be planned (``allocate=False``): the controller then allocates them in one
+    region from the store (``hicache_alloc_host_memory``). Pass ``store=`` to share an open
+    store; otherwise the controller opens (and on :meth:`close` closes) its own.
+    """
+
+    def __init__(
+        self, config: StorageConfig, pools: HostPoolGroup | HostPool, *, store: Store | None = None
+    ) -> None:
+        self.config = config
+        self.settings = config.controller
+        self.pools = pools if isinstance(pools, HostPoolGroup) else HostPoolGroup(pools)
+        self._owns_store = store is None
+        self._local = threading.local()
+        self.store = store if store is not None else Store(config)
+        try:
+            self._attach()
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
+        self._executor = ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="hicache-io")
+        self._closed = False
+
+    # ----------------------------------------------------------------- attach
+    def _attach(self) -> None:
+        store, caps, cfg = self.store, self.store.capabilities, self.config
+        anchor = self.pools.anchor
+        if anchor.rank_replicated != cfg.is_mla_model:
+            raise ConfigError(
+                f"config.is_mla_model={cfg.is_mla_model} but the KV pool is a {type(anchor).__name__}; "
+                "set is_mla_model=True exactly when the KV pool is rank-replicated (MLAKVPool)"
+            )
+        for name, pool in self.pools.items():
+            if pool.layout is not cfg.layout:
+                raise PoolError(
+                    f"pool {name.value!r} uses layout {pool.layout.value!r} but config.layout is "
+                    f"{cfg.layout.value!r}; build every pool with the configured layout"
+                )
+        if not self.pools.allocated:
+            self.pools.allocate(store.alloc_host_memory)
+        self.io_path = "v2" if caps.v2 and (cfg.layout is Layout.PAGE_FIRST or not caps.zero_copy) else "v1"
+        if self.io_path == "v1" and not caps.v1:
+            raise PoolError(
+                f"backend {store.name!r} only implements zero-copy v2, which needs layout='page_first'; "
+                f"config.layout is {cfg.layout.value!r}"
+            )
+        self.draft_io, self._draft_path = self._resolve_draft()
+        for name, pool in self.pools.items():
+            if name is PoolName.DRAFT and self._draft_path is None:
+                continue
+            store.register_pool(name, pool)
+        self._io: Callable[[IoOp, list[_Plan]], list[list[bool]]] = (
+            self._io_v2 if self.io_path == "v2" else self._io_v1
+        )
+        self._draft_io_fn = {"v2": self._io_v2, "v1": self._io_v1, None: None}[self._draft_path]
+
+    def _resolve_draft(self) -> tuple[DraftIo, str | None]:
+        if PoolName.DRAFT not in self.pools:
+            return DraftIo(DraftIoMode.UNSUPPORTED, "no draft pool in this HostPoolGroup"), None
+        store, caps = self.store, self.store.capabilities
+        try:
+            declared = store.draft_io()
+        except HiCacheError as err:
+            declared = DraftIo(DraftIoMode.UNSUPPORTED, f"hicache_draft_io_capability failed: {err}")
+        reason = ""
+        path: str | None = None
+        if declared.mode is DraftIoMode.ZERO_COPY_V2:
+            if self.config.should_split_heads:
+                reason = "should_split_heads=True is incompatible with zero-copy v2 draft I/O"
+            elif self.io_path != "v2" or PoolName.DRAFT not in caps.pools:
+                reason = "zero-copy v2 draft I/O needs the v2 path with layout='page_first'"
+            else:
+                path = "v2"
+        elif declared.mode is DraftIoMode.GENERIC:
+            if caps.v1 and PoolName.DRAFT in caps.pools:
+                path = "v1"
+            else:
+                reason = "generic draft I/O needs the v1 path and the 'draft' pool"
+        else:
+            reason = declared.reason or "the backend declares draft I/O unsupported"
+        if path is None:
+            msg = f"hicache: draft KV offload disabled for backend {store.name!r}: {reason}"
+            log.warning(msg)
+            warnings.warn(msg, DraftOffloadDisabledWarning, stacklevel=4)
+            return DraftIo(DraftIoMode.UNSUPPORTED, reason), None
+        return declared, path
+
+    @property
+    def draft_enabled(self) -> bool:
+        return self._draft_path is not None
+
+    # --------------------------------------------------------------- planning
+    def _plans(
+        self, n: int, host_indices: IndexLike, extra: Mapping[PoolName | str, IndexLike] | None
+    ) -> tuple[list[_Plan], _Plan | None]:
+        kv_idx = self.pools.anchor.check_indices(host_indices)
+        if len(kv_idx) != n:
+            raise BatchShapeError(
+                f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
+            )
+        given: dict[PoolName, IndexLike] = {}
+        for name, idx in (extra or {}).items():
+            pool_name = PoolName(name)
+            if pool_name not in self.pools or pool_name is PoolName.KV:
+                raise PoolError(
+                    f"extra indices for pool {str(name)!r}, which is not a sidecar pool of this group "
+                    f"({[p.value for p in self.pools if p is not PoolName.KV]})"
+                )
+            given[pool_name] = idx
+        plans = [_Plan(PoolName.KV, self.pools.anchor, list(range(n)), kv_idx)]
+        draft: _Plan | None = None
+        for name, pool in self.pools.items():
+            if name is PoolName.KV:
+                continue
+            if name in given:
+                idx = pool.check_indices(given[name])
+            elif pool.hit_policy is HitPolicy.ALL_PAGES:
+                idx = pool.check_indices(kv_idx)  # sidecars share the KV page slots by default
+            else:
+                continue  # trailing-state pools move only when their slots are given
+            if pool.hit_policy is HitPolicy.TRAILING_PAGES:
+                if len(idx) > n:
+                    raise BatchShapeError(
+                        f"{len(idx)} host slots for trailing pool {name.value!r} but only {n} pages"
+                    )
+                positions = list(range(n - len(idx), n))
+            else:
+                if len(idx) != n:
+                    raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
+                positions = list(range(n))
+            plan = _Plan(name, pool, positions, idx)
+            if name is PoolName.DRAFT:
+                draft = plan if self.draft_enabled else None
+            else:
+                plans.append(plan)
+        return plans, draft
+
+    def _chunks(self, n: int) -> list[tuple[int, int]]:
+        step = self.settings.batch_pages
+        return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+    # --------------------------------------------------------------- raw I/O
+    def _io_v2(self, op: IoOp, plans: list[_Plan]) -> list[list[bool]]:
+        transfers = []
+        for p in plans:
+            hashes = [self._hashes[i] for i in p.positions]
+            keys = self.store.page_keys(p.name, hashes) if hashes else []
+            transfers.append(PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, keys))
+        return self._guard(op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans])
+
+    def _io_v1(self, op: IoOp, plans: list[_Plan]) -> list[list[bool]]:
+        keys: list[str] = []
+        views: list[Any] = []
+        ncomp = []
+        for p in plans:
+            page_keys = self.store.page_keys(p.name, [self._hashes[i] for i in p.positions]) if p.positions else []
+            ncomp.append(len(p.pool.components))
+            for k in page_keys:
+                keys.extend(k)
+            if op is not IoOp.EXISTS:
+                for v in p.pool.page_views(p.indices):
+                    views.extend(v)
+        sizes = [len(p.positions) * c for p, c in zip(plans, ncomp)]
+        flat = self._guard(
+            op, lambda: [self.store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)], [len(keys)]
+        )[0]
+        out, off = [], 0
+        for size, c in zip(sizes, ncomp):
+            part = flat[off : off + size]
+            off += size
+            out.append([all(part[j : j + c]) for j in range(0, size, c)] if c > 1 else part)
+        return out
+
+    def _guard(self, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]) -> list[list[bool]]:
+        try:
+            return call()
+        except Exception as err:
+            msg = f"backend {self.store.name!r} failed {op.value} of {sum(sizes)} entries: {type(err).__name__}: {err}"
+            log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
+            self._errors.append(msg)
+            return [[False] * s for s in sizes]
+
+    # ------------------------------------------------------------- operations
+    def backup(
+        self,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Mapping[PoolName | str, IndexLike] | None = None,
+    ) -> TransferResult:
+        """Write pages host -> storage, skipping pages already stored; every pool of a page goes with it.
+
+        ``host_indices[i]`` holds page ``page_hashes[i]`` in the KV pool. ``extra`` gives other
+        pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
+        trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
+        """
+        return self._prepare("backup", page_hashes, host_indices, extra)()
+
+    def backup_async(self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None) -> Future[TransferResult]:
+        return self._submit(self._prepare("backup", page_hashes, host_indices, extra))
+
+    def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
+        """How many leading pages can be restored: the minimum over pools under their hit policies."""
+        return self._prepare_query(page_hashes, trailing_window)()
+
+    def query_async(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> Future[QueryResult]:
+        return self._submit(self._prepare_query(page_hashes, trailing_window))
+
+    def prefetch(
+        self,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Mapping[PoolName | str, IndexLike] | None = None,
+    ) -> TransferResult:
+        """Read the restorable prefix storage -> host. ``result.pages`` pages are usable.
+
+        Trailing-state pools (Mamba) given in ``extra`` receive the state of the last restored
+        pages. Draft pages are read before the target pages; a draft failure never lowers
+        ``result.pages``.
+        """
+        return self._prepare("prefetch", page_hashes, host_indices, extra)()
+
+    def prefetch_async(
+        self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
+    ) -> PrefetchHandle:
+        stop = threading.Event()
+        run = self._prepare("prefetch", page_hashes, host_indices, extra, stop)
+        return PrefetchHandle(self._submit(run), stop, self.settings.prefetch_policy, self.settings.prefetch_timeout_s)
+
+    # ------------------------------------------------------------ internals
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+        if self._closed:
+            raise HiCacheError("CacheController is closed")
+        return self._executor.submit(fn)
+
+    def _check_hashes(self, page_hashes: Sequence[str]) -> list[str]:
+        if isinstance(page_hashes, (str, bytes)):
+            raise BatchShapeError("page_hashes must be a sequence of hash strings, not a single string")
+        return list(page_hashes)
+
+    def _prepare(
+        self,
+        kind: str,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Any,
+        stop: threading.Event | None = None,
+    ) -> Callable[[], TransferResult]:
+        hashes = self._check_hashes(page_hashes)
+        plans, draft = self._plans(len(hashes), host_indices, extra)
+        for h in hashes:
+            check_page_hash(h)
+        if kind == "backup":
+            return lambda: self._scoped(self._run_backup, hashes, plans, draft)
+        return lambda: self._scoped(self._run_prefetch, hashes, plans, draft, stop)
+
+    def _prepare_query(self, page_hashes: Sequence[str], window: int) -> Callable[[], QueryResult]:
+        hashes = self._check_hashes(page_hashes)
+        if window < 1:
+            raise BatchShapeError(f"trailing_window must be >= 1, got {window}")
+        for h in hashes:
+            check_page_hash(h)
+        return lambda: self._scoped(self._run_query, hashes, window)
+
+    def _scoped(self, fn: Callable[..., T], *args: Any) -> T:
+        # Per-thread scratch for hashes/errors so async operations never share state.
+        self._local.hashes, self._local.errors = None, []
+        return fn(*args)
+
+    @property
+    def _hashes(self) -> list[str]:
+        return self._local.hashes  # type: ignore[no-any-return]
+
+    @property
+    def _errors(self) -> list[str]:
+        return self._local.errors  # type: ignore[no-any-return]
+
+    def _run_backup(self, hashes: list[str], plans: list[_Plan], draft: _Plan | None) -> TransferResult:
+        self._local.hashes = hashes
+        n = len(hashes)
+        flags = {p.name: [False] * len(p.positions) for p in plans}
+        skipped = 0
+        owner = self.config.tp_rank == 0
+        for start, stop in self._chunks(n):
+            chunk = [p.window(start, stop) for p in plans]
+            writable = [c for c in chunk if c.positions and (owner or not c.pool.rank_replicated)]
+            for c in chunk:
+                if c not in writable:  # rank-replicated data: rank 0 writes it
+                    self._mark(flags, plans, c, [True] * len(c.positions))
+                    skipped += len(c.positions)
+            if not writable:
+                continue
+            present = self._io(IoOp.EXISTS, writable)
+            missing = []
+            for c, ex in zip(writable, present):
+                self._mark(flags, plans, c, ex)
+                skipped += sum(ex)
+                sel = [i for i, e in enumerate(ex) if not e]
+                if sel:
+                    missing.append(_Plan(c.name, c.pool, [c.positions[i] for i in sel], [c.indices[i] for i in sel]))
+            if missing:
+                for c, ok in zip(missing, self._io(IoOp.SET, missing)):
+                    self._mark(flags, plans, c, ok)
+        draft_flags = self._draft_op(IoOp.SET, draft) if draft is not None else None
+        return TransferResult(
+            pages=self._usable(plans, flags, n),
+            per_pool=flags,
+            draft=draft_flags,
+            skipped=skipped,
+            errors=tuple(self._errors),
+        )
+
+    @staticmethod
+    def _mark(flags: dict[PoolName, list[bool]], plans: list[_Plan], part: _Plan, ok: Sequence[bool]) -> None:
+        plan = next(p for p in plans if p.name is part.name)
+        first = plan.positions[0] if plan.positions else 0
+        out = flags[part.name]
+        for pos, v in zip(part.positions, ok):
+            if v:
+                out[pos - first] = True
+
+    @staticmethod
+    def _usable(plans: list[_Plan], flags: dict[PoolName, list[bool]], n: int) -> int:
+        pages = n
+        for p in plans:
+            f = flags[p.name]
+            if p.pool.hit_policy is HitPolicy.ALL_PAGES:
+                pages = min(pages, leading_run(f))
+            elif not all(f):
+                pages = 0  # state at the end of the prefix is missing: nothing is resumable
+        return pages
+
+    def _draft_op(self, op: IoOp, draft: _Plan) -> list[bool]:
+        """Draft I/O in its own calls, so a draft failure never touches the target pages."""
+        assert self._draft_io_fn is not None
+        saved = list(self._errors)
+        out = [False] * len(draft.positions)
+        try:
+            for start, stop in self._chunks(len(self._hashes)):
+                part = draft.window(start, stop)
+                if not part.positions:
+                    continue
+                if op is IoOp.SET:
+                    ex = self._draft_io_fn(IoOp.EXISTS, [part])[0]
+                    todo = [i for i, e in enumerate(ex) if not e]
+                    for i, e in enumerate(ex):
+                        out[part.positions[i]] = e
+                    if not todo:
+                        continue
+                    part = _Plan(part.name, part.pool, [part.positions[i] for i in todo], [part.indices[i] for i in todo])
+                for pos, ok in zip(part.positions, self._draft_io_fn(op, [part])[0]):
+                    out[pos] = ok
+        except Exception as err:  # never let draft break the target path
+            log.error("hicache: draft %s failed on backend %r: %s", op.value, self.store.name, err)
+        draft_errors = self._errors[len(saved) :]
+        del self._errors[len(saved) :]
+        for e in draft_errors:
+            log.warning("hicache: draft offload error (target pages unaffected): %s", e)
+        return out
+
+    def _exists_all(self, hashes: list[str], plans: list[_Plan]) -> dict[PoolName, list[bool]]:
+        """Existence of every page of every plan, stopping after the chunk where the KV prefix ends."""
+        found = {p.name: [False] * len(hashes) for p in plans}
+        for start, stop in self._chunks(len(hashes)):
+            chunk = [p.window(start, stop) for p in plans]
+            res = self._io(IoOp.EXISTS, chunk)
+            done = False
+            for c, ex in zip(chunk, res):
+                for pos, e in zip(c.positions, ex):
+                    found[c.name][pos] = e
+                if c.pool.hit_policy is HitPolicy.ALL_PAGES and not all(ex):
+                    done = True
+            if done:
+                break
+        return found
+
+    def _restorable(
+        self, plans: list[_Plan], found: dict[PoolName, list[bool]], window: int
+    ) -> tuple[int, dict[PoolName, int]]:
+        per_pool: dict[PoolName, int] = {}
+        run = len(next(iter(found.values()))) if found else 0
+        for p in plans:
+            if p.pool.hit_policy is HitPolicy.ALL_PAGES:
+                per_pool[p.name] = leading_run(found[p.name])
+                run = min(run, per_pool[p.name])
+        pages = run
+        for p in plans:
+            if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
+                f, best = found[p.name], 0
+                for m in range(run, 0, -1):
+                    if all(f[max(0, m - window) : m]):
+                        best = m
+                        break
+                per_pool[p.name] = best
+                pages = min(pages, best)
+        return pages, per_pool
+
+    def _run_query(self, hashes: list[str], window: int) -> QueryResult:
+        self._local.hashes = hashes
+        n = len(hashes)
+        plans = [
+            _Plan(name, pool, list(range(n)), [0] * n)
+            for name, pool in self.pools.items()
+            if name is not PoolName.DRAFT
+        ]
+        if n == 0:
+            return QueryResult(0, {p.name: 0 for p in plans})
+        pages, per_pool = self._restorable(plans, self._exists_all(hashes, plans), window)
+        return QueryResult(pages, per_pool, tuple(self._errors))
+
+    def _run_prefetch(
+        self, hashes: list[str], plans: list[_Plan], draft: _Plan | None, stop: threading.Event | None
+    ) -> TransferResult:
+        self._local.hashes = hashes
+        n = len(hashes)
+        windows = [len(p.positions) for p in plans if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
+        probe = [_Plan(p.name, p.pool, list(range(n)), [0] * n) for p in plans]
+        found = self._exists_all(hashes, probe) if n else {p.name: [] for p in plans}
+        pages, _ = self._restorable(probe, found, max(windows, default=1)) if n else (0, {})
+        empty = {p.name: [] for p in plans}
+        if pages < max(1, self.settings.prefetch_threshold) or pages == 0:
+            return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(self._errors))
+        # Re-aim every plan at the restorable prefix [0, pages).
+        target: list[_Plan] = []
+        for p in plans:
+            if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
+                k = min(len(p.indices), pages)
+                target.append(_Plan(p.name, p.pool, list(range(pages - k, pages)), p.indices[len(p.indices) - k :]))
+            else:
+                target.append(p.window(0, pages))
+        draft_flags = None
+        if draft is not None:
+            draft_flags = self._draft_op(IoOp.GET, draft.window(0, pages))
+        flags = {p.name: [False] * len(p.positions) for p in target}
+        for start, end in self._chunks(pages):
+            if stop is not None and stop.is_set():
+                break
+            chunk = [c for c in (p.window(start, end) for p in target) if c.positions]
+            for c, ok in zip(chunk, self._io(IoOp.GET, chunk)):
+                self._mark(flags, target, c, ok)
+        return TransferResult(
+            pages=self._usable(target, flags, pages),
+            per_pool=flags,
+            draft=draft_flags,
+            errors=tuple(self._errors),
+        )
+
+    # ----------------------------------------------------------------- admin
+    def clear(self) -> int:
+        """Remove this config's namespace from storage (other models and dtypes are untouched)."""
+        return self.store.clear()
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> CacheController:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PrefetchHandle:
+    """An async prefetch: ``result()`` waits according to the prefetch policy.
+
+    ``wait_complete`` / ``best_effort``: wait for completion (``best_effort`` callers may call
+    :meth:`terminate` at any time to stop after the current batch). ``timeout``: wait up to
+    ``prefetch_timeout_s``, then stop after the current batch and return what was loaded.
+    """
+
+    def __init__(self, future: Future[TransferResult], stop: threading.Event, policy: PrefetchPolicy, timeout_s: float):
+        self.future = future
+        self._stop = stop
+        self.policy = policy
+        self.timeout_s = timeout_s
+        self._t0 = time.monotonic()
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def terminate(self) -> TransferResult:
+        """Stop after the batch in flight and return what was loaded."""
+        self._stop.set()
+        return self.future.result()
+
+    def result(self, timeout: float | None = None) -> TransferResult:
+        if self.policy is PrefetchPolicy.TIMEOUT:
+            remaining = max(0.0, self.timeout_s - (time.monotonic() - self._t0))
+            try:
+                return self.future.result(timeout=remaining if timeout is None else min(timeout, remaining))
+            except TimeoutError:
+                return self.terminate()
+        return self.future.result(timeout=timeout)

@@ -1,0 +1,145 @@
+"""The default page-key scheme and key safety checks.
+
+A component key is five dot-separated fields::
+
+    {namespace}.{pool}.{component}.{ranks}.{page_hash}
+
+* ``namespace``: ``{model-slug}-{kv_dtype}-{layout}-{digest}``; the digest covers the exact
+  model name, KV dtype and layout, so configs that must not share data never share keys even
+  when their readable slugs coincide;
+* ``pool`` and ``component``: ``kv.k``, ``kv.v``, ``mamba.conv_0``, ``draft.k``... (draft pages
+  live in their own key space);
+* ``ranks``: ``tp{r}of{n}`` for per-rank data, ``all`` for rank-replicated data (MLA KV, DSA
+  indexer), each followed by ``-pp{r}of{n}`` / ``-cp{r}of{n}`` when those are > 1;
+* ``page_hash``: the engine's page hash, unchanged.
+
+Keys contain only ``[A-Za-z0-9._-]``, never ``..``, and are at most 255 bytes, so they are
+safe as file names on every backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ._errors import KeyFormatError, PoolError
+from ._types import PoolName
+from .hookspecs import hookimpl
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._pools import HostPool
+
+__all__ = ["DefaultPageKeys", "KeyScheme", "check_key", "check_page_hash"]
+
+MAX_HASH_LEN = 128
+MAX_KEY_LEN = 255
+_HASH_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_SLUG_RE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+class _KeyConfig(Protocol):
+    model_name: str
+    kv_dtype: str
+    layout: object
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    attn_cp_rank: int
+    attn_cp_size: int
+
+
+def check_page_hash(page_hash: object) -> str:
+    """Return ``page_hash`` if it is a safe page hash, else raise :class:`KeyFormatError`."""
+    if not isinstance(page_hash, str):
+        raise KeyFormatError(
+            f"page hash must be a str (hex digest from hicache_core.page_hashes), got {type(page_hash).__name__}"
+        )
+    if not (0 < len(page_hash) <= MAX_HASH_LEN) or not _HASH_RE.fullmatch(page_hash):
+        raise KeyFormatError(
+            f"invalid page hash {page_hash[:80]!r}: use 1-{MAX_HASH_LEN} characters from "
+            "[A-Za-z0-9_-] (for example a sha256 hex digest from hicache_core.page_hashes)"
+        )
+    return page_hash
+
+
+def check_key(key: object) -> str:
+    """Return ``key`` if it is safe as a storage key / file name, else raise :class:`KeyFormatError`."""
+    if not isinstance(key, str):
+        raise KeyFormatError(f"storage key must be a str, got {type(key).__name__}")
+    if not (0 < len(key) <= MAX_KEY_LEN) or not _KEY_RE.fullmatch(key) or ".." in key:
+        raise KeyFormatError(
+            f"unsafe storage key {key[:80]!r}: keys are 1-{MAX_KEY_LEN} characters from "
+            "[A-Za-z0-9._-], start with a letter or digit and never contain '..' or a path separator"
+        )
+    return key
+
+
+class KeyScheme:
+    """Builds component keys for one store configuration (see the module docstring)."""
+
+    def __init__(self, config: _KeyConfig) -> None:
+        layout = str(getattr(config.layout, "value", config.layout))
+        identity = "\0".join((config.model_name, config.kv_dtype, layout))
+        digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+        slug = _SLUG_RE.sub("-", config.model_name).strip("-")[:48] or "model"
+        dtype = _SLUG_RE.sub("-", config.kv_dtype)[:16] or "dtype"
+        self.namespace = f"{slug}-{dtype}-{layout}-{digest}"
+        extra = ""
+        if config.pp_size > 1:
+            extra += f"-pp{config.pp_rank}of{config.pp_size}"
+        if config.attn_cp_size > 1:
+            extra += f"-cp{config.attn_cp_rank}of{config.attn_cp_size}"
+        self.rank_tag = f"tp{config.tp_rank}of{config.tp_size}{extra}"
+        self.replicated_tag = f"all{extra}"
+
+    def prefixes(self, pool_name: PoolName, components: Sequence[str], replicated: bool) -> list[str]:
+        """The key prefix (everything but the page hash) of each component."""
+        ranks = self.replicated_tag if replicated else self.rank_tag
+        return [f"{self.namespace}.{PoolName(pool_name).value}.{c}.{ranks}." for c in components]
+
+    def keys(
+        self, pool_name: PoolName, components: Sequence[str], replicated: bool, page_hashes: Sequence[str]
+    ) -> list[tuple[str, ...]]:
+        prefixes = self.prefixes(pool_name, components, replicated)
+        for h in page_hashes:
+            if type(h) is not str or not (0 < len(h) <= MAX_HASH_LEN) or not _HASH_RE.fullmatch(h):
+                check_page_hash(h)
+        return [tuple(p + h for p in prefixes) for h in page_hashes]
+
+
+class DefaultPageKeys:
+    """The core's ``hicache_page_keys`` implementation (registered ``trylast`` in every store)."""
+
+    def __init__(self, config: _KeyConfig) -> None:
+        self.scheme = KeyScheme(config)
+        self._pools: dict[PoolName, tuple[list[str], bool]] = {}
+
+    @hookimpl
+    def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
+        name = PoolName(pool_name)
+        self._pools[name] = (
+            self.scheme.prefixes(name, pool.components, pool.rank_replicated),
+            pool.rank_replicated,
+        )
+
+    @hookimpl(trylast=True)
+    def hicache_page_keys(self, pool_name: PoolName, page_hashes: Sequence[str]) -> list[tuple[str, ...]]:
+        try:
+            prefixes, _ = self._pools[pool_name]
+        except KeyError:
+            raise PoolError(
+                f"pool {str(pool_name)!r} is not registered with this store; registered pools: "
+                f"{[p.value for p in self._pools]}. Attach it through CacheController (or "
+                "store.register_pool) before doing I/O on it"
+            ) from None
+        for h in page_hashes:
+            if type(h) is not str or not (0 < len(h) <= MAX_HASH_LEN) or not _HASH_RE.fullmatch(h):
+                check_page_hash(h)
+        if len(prefixes) == 1:
+            p0 = prefixes[0]
+            return [(p0 + h,) for h in page_hashes]
+        return [tuple(p + h for p in prefixes) for h in page_hashes]

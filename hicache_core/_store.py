@@ -1,0 +1,274 @@
+"""``Store``: one opened backend, its per-store plugin manager and checked hook callers."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+from pydantic import BaseModel, ValidationError
+
+from . import hookspecs
+from ._config import StorageConfig, format_validation_error
+from ._errors import (
+    BackendContractError,
+    BackendIOError,
+    BackendUnavailableError,
+    BatchShapeError,
+    HiCacheError,
+    OperationNotSupportedError,
+    OptionsError,
+    PoolError,
+)
+from ._keys import DefaultPageKeys
+from ._registry import availability, load_backend_class, load_extension_class
+from ._types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from ._pools import HostPool
+
+__all__ = ["Store", "open_store", "validate_options"]
+
+log = logging.getLogger("hicache")
+TRACE_ENV = "HICACHE_TRACE"
+
+
+def validate_options(backend_cls: type, name: str, options: Any) -> BaseModel:
+    """Validate ``options`` with ``backend_cls.Options``; errors name the backend and field path."""
+    model: type[BaseModel] = backend_cls.Options  # type: ignore[attr-defined]
+    if isinstance(options, model):
+        return options
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise OptionsError(
+            f"options for backend {name!r} must be a JSON object / mapping, got {type(options).__name__}"
+        )
+    try:
+        return model.model_validate(options)
+    except ValidationError as err:
+        fields = ", ".join(sorted(model.model_fields)) or "(none)"
+        raise OptionsError(
+            f"invalid options for backend {name!r}:\n{format_validation_error(err, 'options.')}\n"
+            f"Fields accepted by {name!r}: {fields}"
+        ) from None
+
+
+class Store:
+    """An opened backend.
+
+    The backend instance (built as ``cls(config, options)``), the core's default key scheme
+    and the enabled extensions are registered in one :class:`pluggy.PluginManager` per store.
+    Hook results are checked here, so callers never see ``None`` or a wrong-length list.
+    """
+
+    def __init__(self, config: StorageConfig) -> None:
+        self.config = config
+        self.name = config.backend
+        cls = load_backend_class(config.backend)
+        reason = availability(cls)
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {self.name!r} cannot run here: {reason}")
+        self.backend_class = cls
+        self.capabilities: Capabilities = cls.capabilities  # type: ignore[attr-defined]
+        self.options = validate_options(cls, self.name, config.options)
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.keys = DefaultPageKeys(config)
+        self.pm.register(self.keys, name="hicache-default-keys")
+        try:
+            self.backend = cls(config, self.options)
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise BackendIOError(f"backend {self.name!r} failed to open: {type(err).__name__}: {err}") from err
+        self._register(self.backend, f"backend:{self.name}")
+        self.extensions: dict[str, object] = {}
+        for ext_name in dict.fromkeys(config.extensions):
+            ext = load_extension_class(ext_name)(config)
+            self._register(ext, f"extension:{ext_name}")
+            self.extensions[ext_name] = ext
+        self.pools: dict[PoolName, HostPool] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+        self._undo_trace = _enable_tracing(self.pm) if os.environ.get(TRACE_ENV, "") not in ("", "0") else None
+        hook = self.pm.hook
+        self._hook_v1 = hook.hicache_batch_io_v1
+        self._hook_v2 = hook.hicache_batch_io_v2
+        self._hook_keys = hook.hicache_page_keys
+
+    def _register(self, plugin: object, name: str) -> None:
+        try:
+            self.pm.register(plugin, name=name)
+        except pluggy.PluginValidationError as err:
+            raise BackendContractError(f"{name} breaks the hicache hook contract: {err}") from None
+
+    # ------------------------------------------------------------------ pools
+    def register_pool(self, pool_name: PoolName | str, pool: HostPool) -> None:
+        name = PoolName(pool_name)
+        if name not in self.capabilities.pools:
+            raise PoolError(
+                f"backend {self.name!r} does not support pool {name.value!r}; it declares "
+                f"{sorted(p.value for p in self.capabilities.pools)}. Choose a backend that does."
+            )
+        self.pm.hook.hicache_register_pool(pool_name=name, pool=pool)
+        self.pools[name] = pool
+
+    def pool(self, pool_name: PoolName | str) -> HostPool:
+        try:
+            return self.pools[PoolName(pool_name)]
+        except (KeyError, ValueError):
+            raise PoolError(
+                f"pool {str(pool_name)!r} is not registered with store {self.name!r}; registered: "
+                f"{[p.value for p in self.pools]}"
+            ) from None
+
+    def alloc_host_memory(self, nbytes: int) -> torch.Tensor:
+        """Memory for pools: the backend's (``hicache_alloc_host_memory``) or plain torch."""
+        from ._pools import _check_region, torch_allocator
+
+        mem = self.pm.hook.hicache_alloc_host_memory(nbytes=nbytes)
+        if mem is None:
+            return torch_allocator(nbytes)
+        try:
+            _check_region(mem, nbytes)
+        except PoolError as err:
+            raise BackendContractError(
+                f"backend {self.name!r}: hicache_alloc_host_memory({nbytes}) returned unusable memory: {err}"
+            ) from None
+        return mem  # type: ignore[no-any-return]
+
+    # -------------------------------------------------------------------- I/O
+    def page_keys(self, pool_name: PoolName | str, page_hashes: Sequence[str]) -> list[tuple[str, ...]]:
+        result = self._hook_keys(pool_name=PoolName(pool_name), page_hashes=page_hashes)
+        if result is None or len(result) != len(page_hashes):
+            raise BackendContractError(
+                f"backend {self.name!r}: hicache_page_keys returned "
+                f"{'None' if result is None else len(result)} entries for {len(page_hashes)} pages"
+            )
+        return result  # type: ignore[no-any-return]
+
+    def batch_io_v1(
+        self, op: IoOp | str, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None = None
+    ) -> list[bool]:
+        op = IoOp(op)
+        if op is IoOp.EXISTS:
+            buffers = None
+        elif buffers is None or len(buffers) != len(keys):
+            raise BatchShapeError(
+                f"batch_io_v1({op.value}): {len(keys)} keys but "
+                f"{'no' if buffers is None else len(buffers)} buffers; pass one buffer per key"
+            )
+        if not self.capabilities.v1:
+            raise OperationNotSupportedError(f"backend {self.name!r} does not implement v1 I/O")
+        if not keys:
+            return []
+        result = self._hook_v1(op=op, keys=keys, buffers=buffers)
+        return self._check_flags("hicache_batch_io_v1", result, len(keys))
+
+    def batch_io_v2(self, op: IoOp | str, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
+        op = IoOp(op)
+        if not self.capabilities.v2:
+            raise OperationNotSupportedError(f"backend {self.name!r} does not implement v2 I/O")
+        for t in transfers:
+            if t.pool not in self.pools:
+                self.pool(t.pool)  # raises PoolError
+        if not transfers:
+            return []
+        result = self._hook_v2(op=op, transfers=transfers)
+        if result is None or len(result) != len(transfers):
+            raise BackendContractError(
+                f"backend {self.name!r}: hicache_batch_io_v2 must return one list per transfer "
+                f"({len(transfers)}), got {'None' if result is None else len(result)}"
+            )
+        return [self._check_flags("hicache_batch_io_v2", r, len(t)) for r, t in zip(result, transfers)]
+
+    def _check_flags(self, hook: str, result: Any, n: int) -> list[bool]:
+        if result is None:
+            raise BackendContractError(
+                f"backend {self.name!r}: {hook} returned None; it must return one bool per entry ({n})"
+            )
+        if len(result) != n or not all(type(x) is bool for x in result):
+            raise BackendContractError(
+                f"backend {self.name!r}: {hook} must return a list of exactly {n} bools, got "
+                f"{len(result)} entries of types {sorted({type(x).__name__ for x in result})}"
+            )
+        return result if isinstance(result, list) else list(result)
+
+    def draft_io(self) -> DraftIo:
+        result = self.pm.hook.hicache_draft_io_capability()
+        if not isinstance(result, DraftIo):
+            raise BackendContractError(
+                f"backend {self.name!r}: hicache_draft_io_capability must return a DraftIo, got {result!r}"
+            )
+        return result
+
+    def clear(self) -> int:
+        """Remove this config's namespace from storage; returns the number of objects removed."""
+        if not self.pm.hook.hicache_clear.get_hookimpls():
+            raise OperationNotSupportedError(f"backend {self.name!r} does not implement hicache_clear")
+        removed = self.pm.hook.hicache_clear(namespace=self.keys.scheme.namespace)
+        return int(removed or 0)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self.pm.hook.hicache_close()
+        finally:
+            if self._undo_trace is not None:
+                self._undo_trace()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Store(backend={self.name!r}, pools={[p.value for p in self.pools]})"
+
+
+def open_store(config: StorageConfig | None = None, **overrides: Any) -> Store:
+    """Open the configured backend: ``open_store(StorageConfig(backend="file", options={...}))``."""
+    if config is None:
+        config = StorageConfig(**overrides)
+    elif overrides:
+        config = config.model_copy(update=overrides)
+    return Store(config)
+
+
+def _enable_tracing(pm: pluggy.PluginManager) -> Any:
+    trace_log = logging.getLogger("hicache.trace")
+    starts: dict[int, float] = {}
+
+    def before(hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        starts[threading.get_ident()] = time.perf_counter()
+
+    def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        t0 = starts.pop(threading.get_ident(), time.perf_counter())
+        size = len(kwargs.get("keys") or kwargs.get("transfers") or kwargs.get("page_hashes") or ())
+        plugins = ",".join(i.plugin_name for i in impls)
+        trace_log.info(
+            "%s plugins=[%s] batch=%d op=%s %.1fus%s",
+            hook_name,
+            plugins,
+            size,
+            kwargs.get("op", "-"),
+            (time.perf_counter() - t0) * 1e6,
+            f" error={outcome.exception!r}" if outcome.exception is not None else "",
+        )
+
+    return pm.add_hookcall_monitoring(before, after)

@@ -1,0 +1,1 @@
+"""hicache Mooncake backend."""

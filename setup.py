@@ -1,0 +1,63 @@
+"""Build hook for the optional ``hicache_core._pagehash`` C extension.
+
+All project metadata lives in ``pyproject.toml``; this file only declares the extension.
+The extension is optional: if it cannot be compiled (no C compiler, no Python headers),
+installation still succeeds with a warning and ``hicache_core._hashing`` falls back to its
+pure-Python implementation. Set ``HICACHE_REQUIRE_NATIVE=1`` to turn a failed build into an
+error instead (useful in CI and wheel builds).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
+
+_BUILD_ERRORS = (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError, ValueError)
+
+
+def _require_native() -> bool:
+    return os.environ.get("HICACHE_REQUIRE_NATIVE", "") not in ("", "0")
+
+
+def _warn(what: str, exc: BaseException) -> None:
+    msg = (
+        f"hicache: {what} failed ({type(exc).__name__}: {exc}); using the pure-Python page "
+        "hashing fallback (slower). Install a C compiler and the Python headers, then reinstall, "
+        "to get the native one."
+    )
+    warnings.warn(msg, RuntimeWarning, stacklevel=1)
+    print(f"WARNING: {msg}", file=sys.stderr)
+
+
+class OptionalBuildExt(build_ext):
+    """``build_ext`` that warns instead of failing when an extension cannot be built."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except _BUILD_ERRORS as exc:
+            if _require_native():
+                raise
+            _warn("building the C extensions", exc)
+
+    def build_extension(self, ext: Extension) -> None:
+        if self.compiler.compiler_type == "unix":
+            ext.extra_compile_args = [*ext.extra_compile_args, "-O3"]
+        try:
+            super().build_extension(ext)
+        except _BUILD_ERRORS as exc:
+            if _require_native():
+                raise
+            _warn(f"building {ext.name}", exc)
+
+
+setup(
+    ext_modules=[Extension("hicache_core._pagehash", ["hicache_core/_pagehash.c"])],
+    cmdclass={"build_ext": OptionalBuildExt},
+)

@@ -1,0 +1,99 @@
+"""An in-memory backend used by the core's own tests (never shipped).
+
+Module-level knobs let a test declare any capability; subclasses in tests adjust them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from hicache_core import Capabilities, DraftIo, DraftIoMode, IoOp, PoolName, PoolTransfer, hookimpl
+
+SHARED: dict[str, bytes] = {}
+
+
+class MemoryBackend:
+    """Stores each key's bytes in a dict shared by every instance in the process."""
+
+    class Options(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        fail_pools: list[str] = []
+        raise_on: list[str] = []
+
+    capabilities = Capabilities(v1=True, v2=True, persistent=False, shared=False, draft_io=DraftIoMode.GENERIC)
+    draft_mode = DraftIoMode.GENERIC
+
+    def __init__(self, config, options) -> None:
+        self.config = config
+        self.options = options
+        self.data = SHARED
+        self.pools: dict[PoolName, object] = {}
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str, int]] = []
+
+    @hookimpl
+    def hicache_register_pool(self, pool_name, pool) -> None:
+        self.pools[pool_name] = pool
+
+    @hookimpl
+    def hicache_draft_io_capability(self) -> DraftIo:
+        mode = self.draft_mode
+        if self.config.should_split_heads and mode is DraftIoMode.ZERO_COPY_V2:
+            return DraftIo(DraftIoMode.UNSUPPORTED, "split heads")
+        return DraftIo(mode, "memory backend")
+
+    def _io(self, op: IoOp, keys: Sequence[str], buffers) -> list[bool]:
+        out = []
+        with self.lock:
+            for i, key in enumerate(keys):
+                if op is IoOp.EXISTS:
+                    out.append(key in self.data)
+                elif op is IoOp.SET:
+                    self.data[key] = buffers[i].contiguous().numpy().tobytes()
+                    out.append(True)
+                else:
+                    blob = self.data.get(key)
+                    if blob is None or len(blob) != buffers[i].numel():
+                        out.append(False)
+                        continue
+                    buffers[i].copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(buffers[i].shape))
+                    out.append(True)
+        return out
+
+    @hookimpl
+    def hicache_batch_io_v1(self, op, keys, buffers) -> list[bool]:
+        self.calls.append(("v1", str(op), len(keys)))
+        if "v1" in self.options.raise_on or str(op) in self.options.raise_on:
+            raise RuntimeError("injected v1 failure")
+        return self._io(op, keys, buffers)
+
+    @hookimpl
+    def hicache_batch_io_v2(self, op, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
+        self.calls.append(("v2", str(op), sum(len(t) for t in transfers)))
+        results = []
+        for t in transfers:
+            if t.pool.value in self.options.raise_on:
+                raise RuntimeError(f"injected failure on pool {t.pool.value}")
+            if t.pool.value in self.options.fail_pools:
+                results.append([False] * len(t))
+                continue
+            pool = self.pools[t.pool]
+            views = pool.page_views(t.host_indices) if op is not IoOp.EXISTS else [()] * len(t)
+            page_ok = []
+            for keys, v in zip(t.keys, views):
+                flags = self._io(op, keys, v if op is not IoOp.EXISTS else None)
+                page_ok.append(all(flags))
+            results.append(page_ok)
+        return results
+
+    @hookimpl
+    def hicache_clear(self, namespace: str) -> int:
+        with self.lock:
+            gone = [k for k in self.data if k.startswith(namespace + ".")]
+            for k in gone:
+                del self.data[k]
+        return len(gone)
