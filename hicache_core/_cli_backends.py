@@ -10,7 +10,19 @@ from ._registry import describe_backend, find_backends
 
 __all__ = ["add_arguments", "run"]
 
-_COLUMNS = ("name", "distribution", "version", "status", "v1", "v2", "zero_copy", "persistent", "shared", "draft_io", "pools")
+_COLUMNS = (
+    "name",
+    "distribution",
+    "version",
+    "status",
+    "v1",
+    "v2",
+    "zero_copy",
+    "persistent",
+    "shared",
+    "draft_io",
+    "pools",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -90,7 +90,7 @@ class StorageConfig(BaseModel):
     enable_storage_metrics: bool = False
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
     mamba_scheduler_strategy: Literal["no_buffer", "extra_buffer"] = "no_buffer"
-    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    controller: ControllerSettings = Field(default_factory=lambda: ControllerSettings())
 
     @model_validator(mode="before")
     @classmethod
@@ -195,11 +195,7 @@ def _read_file(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
-                import tomli as tomllib
-            data: Any = tomllib.loads(text.decode("utf-8"))
+            data: Any = _toml_loads(text.decode("utf-8"))
         elif suffix in (".yaml", ".yml"):
             import yaml
 
@@ -207,7 +203,9 @@ def _read_file(path: Path) -> dict[str, Any]:
         elif suffix == ".json":
             data = json.loads(text)
         else:
-            raise ConfigError(f"config file {path}: unknown format {suffix!r}; use .toml, .yaml, .yml or .json")
+            raise ConfigError(
+                f"config file {path}: unknown format {suffix!r}; use .toml, .yaml, .yml or .json"
+            )
     except ConfigError:
         raise
     except Exception as err:  # parser errors of three libraries
@@ -219,6 +217,14 @@ def _read_file(path: Path) -> dict[str, Any]:
     if "hicache" in data and isinstance(data["hicache"], dict) and len(data) == 1:
         data = data["hicache"]  # allow a [hicache] table / top-level key
     return dict(data)
+
+
+def _toml_loads(text: str) -> Any:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
 
 
 def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
@@ -233,7 +239,7 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
         if field not in fields or field == "controller":
             raise ConfigError(
                 f"unknown environment variable {name}; hicache reads HICACHE_<FIELD> for fields "
-                f"{sorted((fields - {'controller'}))}"
+                f"{sorted(fields - {'controller'})}"
             )
         if field == "options":
             try:

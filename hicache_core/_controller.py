@@ -205,15 +205,21 @@ class CacheController:
         for p in plans:
             hashes = [self._hashes[i] for i in p.positions]
             keys = self.store.page_keys(p.name, hashes) if hashes else []
-            transfers.append(PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, keys))
-        return self._guard(op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans])
+            transfers.append(
+                PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, tuple(keys))
+            )
+        return self._guard(
+            op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
+        )
 
     def _io_v1(self, op: IoOp, plans: list[_Plan]) -> list[list[bool]]:
         keys: list[str] = []
         views: list[Any] = []
         ncomp = []
         for p in plans:
-            page_keys = self.store.page_keys(p.name, [self._hashes[i] for i in p.positions]) if p.positions else []
+            page_keys = (
+                self.store.page_keys(p.name, [self._hashes[i] for i in p.positions]) if p.positions else []
+            )
             ncomp.append(len(p.pool.components))
             for k in page_keys:
                 keys.extend(k)
@@ -255,7 +261,9 @@ class CacheController:
         """
         return self._prepare("backup", page_hashes, host_indices, extra)()
 
-    def backup_async(self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None) -> Future[TransferResult]:
+    def backup_async(
+        self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
+    ) -> Future[TransferResult]:
         return self._submit(self._prepare("backup", page_hashes, host_indices, extra))
 
     def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
@@ -284,7 +292,9 @@ class CacheController:
     ) -> PrefetchHandle:
         stop = threading.Event()
         run = self._prepare("prefetch", page_hashes, host_indices, extra, stop)
-        return PrefetchHandle(self._submit(run), stop, self.settings.prefetch_policy, self.settings.prefetch_timeout_s)
+        return PrefetchHandle(
+            self._submit(run), stop, self.settings.prefetch_policy, self.settings.prefetch_timeout_s
+        )
 
     # ------------------------------------------------------------ internals
     def _submit(self, fn: Callable[[], T]) -> Future[T]:
@@ -356,7 +366,9 @@ class CacheController:
                 skipped += sum(ex)
                 sel = [i for i, e in enumerate(ex) if not e]
                 if sel:
-                    missing.append(_Plan(c.name, c.pool, [c.positions[i] for i in sel], [c.indices[i] for i in sel]))
+                    missing.append(
+                        _Plan(c.name, c.pool, [c.positions[i] for i in sel], [c.indices[i] for i in sel])
+                    )
             if missing:
                 for c, ok in zip(missing, self._io(IoOp.SET, missing)):
                     self._mark(flags, plans, c, ok)
@@ -406,15 +418,20 @@ class CacheController:
                         out[part.positions[i]] = e
                     if not todo:
                         continue
-                    part = _Plan(part.name, part.pool, [part.positions[i] for i in todo], [part.indices[i] for i in todo])
+                    part = _Plan(
+                        part.name,
+                        part.pool,
+                        [part.positions[i] for i in todo],
+                        [part.indices[i] for i in todo],
+                    )
                 for pos, ok in zip(part.positions, self._draft_io_fn(op, [part])[0]):
                     out[pos] = ok
         except Exception as err:  # never let draft break the target path
             log.error("hicache: draft %s failed on backend %r: %s", op.value, self.store.name, err)
         draft_errors = self._errors[len(saved) :]
         del self._errors[len(saved) :]
-        for e in draft_errors:
-            log.warning("hicache: draft offload error (target pages unaffected): %s", e)
+        for message in draft_errors:
+            log.warning("hicache: draft offload error (target pages unaffected): %s", message)
         return out
 
     def _exists_all(self, hashes: list[str], plans: list[_Plan]) -> dict[PoolName, list[bool]]:
@@ -476,7 +493,7 @@ class CacheController:
         probe = [_Plan(p.name, p.pool, list(range(n)), [0] * n) for p in plans]
         found = self._exists_all(hashes, probe) if n else {p.name: [] for p in plans}
         pages, _ = self._restorable(probe, found, max(windows, default=1)) if n else (0, {})
-        empty = {p.name: [] for p in plans}
+        empty: dict[PoolName, list[bool]] = {p.name: [] for p in plans}
         if pages < max(1, self.settings.prefetch_threshold) or pages == 0:
             return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(self._errors))
         # Re-aim every plan at the restorable prefix [0, pages).
@@ -484,7 +501,9 @@ class CacheController:
         for p in plans:
             if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
                 k = min(len(p.indices), pages)
-                target.append(_Plan(p.name, p.pool, list(range(pages - k, pages)), p.indices[len(p.indices) - k :]))
+                target.append(
+                    _Plan(p.name, p.pool, list(range(pages - k, pages)), p.indices[len(p.indices) - k :])
+                )
             else:
                 target.append(p.window(0, pages))
         draft_flags = None
@@ -532,7 +551,9 @@ class PrefetchHandle:
     ``prefetch_timeout_s``, then stop after the current batch and return what was loaded.
     """
 
-    def __init__(self, future: Future[TransferResult], stop: threading.Event, policy: PrefetchPolicy, timeout_s: float):
+    def __init__(
+        self, future: Future[TransferResult], stop: threading.Event, policy: PrefetchPolicy, timeout_s: float
+    ):
         self.future = future
         self._stop = stop
         self.policy = policy

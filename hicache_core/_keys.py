@@ -41,15 +41,34 @@ _SLUG_RE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
 class _KeyConfig(Protocol):
-    model_name: str
-    kv_dtype: str
-    layout: object
-    tp_rank: int
-    tp_size: int
-    pp_rank: int
-    pp_size: int
-    attn_cp_rank: int
-    attn_cp_size: int
+    """What the key scheme reads from a config (``StorageConfig`` satisfies it)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def kv_dtype(self) -> str: ...
+
+    @property
+    def layout(self) -> object: ...
+
+    @property
+    def tp_rank(self) -> int: ...
+
+    @property
+    def tp_size(self) -> int: ...
+
+    @property
+    def pp_rank(self) -> int: ...
+
+    @property
+    def pp_size(self) -> int: ...
+
+    @property
+    def attn_cp_rank(self) -> int: ...
+
+    @property
+    def attn_cp_size(self) -> int: ...
 
 
 def check_page_hash(page_hash: object) -> str:

@@ -43,7 +43,7 @@ class HostPoolGroup(Mapping[PoolName, HostPool]):
     def anchor(self) -> HostPool:
         return self._pools[PoolName.KV]
 
-    def __getitem__(self, name: PoolName | str) -> HostPool:  # type: ignore[override]
+    def __getitem__(self, name: PoolName | str) -> HostPool:
         try:
             return self._pools[PoolName(name)]
         except (KeyError, ValueError):

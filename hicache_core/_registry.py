@@ -13,7 +13,6 @@ import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
-from importlib import import_module
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -109,7 +108,9 @@ def backend_names(environ: Mapping[str, str] | None = None) -> list[str]:
     return list(find_backends(environ))
 
 
-def _not_found(kind: str, name: str, group: str, available: list[str], hidden: set[str]) -> BackendNotFoundError:
+def _not_found(
+    kind: str, name: str, group: str, available: list[str], hidden: set[str]
+) -> BackendNotFoundError:
     if name in hidden:
         return BackendNotFoundError(
             f"{kind} {name!r} is installed but disabled by {ALLOW_ENV}/{BLOCK_ENV}; "
@@ -188,7 +189,7 @@ def load_extension_class(name: str) -> type:
     if not inspect.isclass(cls):
         raise BackendContractError(f"extension {info.origin} must be a class, got {type(cls).__name__}")
     _check_hooks(cls, info.origin, required=())
-    return cls  # type: ignore[no-any-return]
+    return cls
 
 
 def _spec_params() -> dict[str, list[str]]:
@@ -242,9 +243,7 @@ def _check_hooks(cls: type, origin: str, required: tuple[str, ...]) -> list[str]
 def validate_backend_class(cls: Any, origin: str = "backend") -> None:
     """Refuse a backend class that breaks the contract, naming the plugin and the problem."""
     if not inspect.isclass(cls):
-        raise BackendContractError(
-            f"{origin}: the entry point must name a class, got {type(cls).__name__}"
-        )
+        raise BackendContractError(f"{origin}: the entry point must name a class, got {type(cls).__name__}")
     options = getattr(cls, "Options", None)
     try:
         from pydantic import BaseModel

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -87,7 +87,9 @@ class Store:
         except HiCacheError:
             raise
         except Exception as err:
-            raise BackendIOError(f"backend {self.name!r} failed to open: {type(err).__name__}: {err}") from err
+            raise BackendIOError(
+                f"backend {self.name!r} failed to open: {type(err).__name__}: {err}"
+            ) from err
         self._register(self.backend, f"backend:{self.name}")
         self.extensions: dict[str, object] = {}
         for ext_name in dict.fromkeys(config.extensions):
@@ -97,7 +99,9 @@ class Store:
         self.pools: dict[PoolName, HostPool] = {}
         self._closed = False
         self._lock = threading.Lock()
-        self._undo_trace = _enable_tracing(self.pm) if os.environ.get(TRACE_ENV, "") not in ("", "0") else None
+        self._undo_trace = (
+            _enable_tracing(self.pm) if os.environ.get(TRACE_ENV, "") not in ("", "0") else None
+        )
         hook = self.pm.hook
         self._hook_v1 = hook.hicache_batch_io_v1
         self._hook_v2 = hook.hicache_batch_io_v2
@@ -254,10 +258,10 @@ def _enable_tracing(pm: pluggy.PluginManager) -> Any:
     trace_log = logging.getLogger("hicache.trace")
     starts: dict[int, float] = {}
 
-    def before(hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         starts[threading.get_ident()] = time.perf_counter()
 
-    def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    def after(outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         t0 = starts.pop(threading.get_ident(), time.perf_counter())
         size = len(kwargs.get("keys") or kwargs.get("transfers") or kwargs.get("page_hashes") or ())
         plugins = ",".join(i.plugin_name for i in impls)

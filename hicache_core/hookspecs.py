@@ -70,6 +70,7 @@ def hicache_register_pool(pool_name: PoolName, pool: HostPool) -> None:
     backend must release what it registered for it). A backend that cannot store this pool
     raises :class:`hicache_core.PoolError` naming the pools it supports.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec(firstresult=True)
@@ -85,12 +86,11 @@ def hicache_page_keys(pool_name: PoolName, page_hashes: Sequence[str]) -> list[t
     raises :class:`hicache_core.PoolError`; a malformed page hash raises
     :class:`hicache_core.KeyFormatError`. Never returns ``None``.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec(firstresult=True)
-def hicache_batch_io_v1(
-    op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
-) -> list[bool]:
+def hicache_batch_io_v1(op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None) -> list[bool]:
     """The generic copy path: one object per key, one bool per key.
 
     ``op`` is :class:`IoOp` ``EXISTS``, ``GET`` or ``SET``. ``keys`` are component keys as
@@ -106,6 +106,7 @@ def hicache_batch_io_v1(
     Mismatched ``len(keys)``/``len(buffers)`` -> :class:`hicache_core.BatchShapeError`.
     Never returns ``None``.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec(firstresult=True)
@@ -123,6 +124,7 @@ def hicache_batch_io_v2(op: IoOp, transfers: Sequence[PoolTransfer]) -> list[lis
     Empty ``transfers`` -> ``[]``; a transfer with no pages -> ``[]`` in its slot. An
     unregistered pool -> :class:`hicache_core.PoolError`. Never returns ``None``.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec(firstresult=True)
@@ -135,6 +137,7 @@ def hicache_draft_io_capability() -> DraftIo:
     quotes ``reason``. May depend on the config (``should_split_heads`` turns zero-copy v2
     off). Never returns ``None``.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec(firstresult=True)
@@ -147,6 +150,7 @@ def hicache_alloc_host_memory(nbytes: int) -> torch.Tensor | None:
     and carves the pools out of the result. Returning ``None`` (or not implementing the hook)
     means "use plain torch memory". A result of the wrong size or dtype is refused.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec(firstresult=True)
@@ -156,6 +160,7 @@ def hicache_clear(namespace: str) -> int:
     Optional. Only this namespace is affected: other models, dtypes or ranks sharing the
     same storage keep their data.
     """
+    raise NotImplementedError  # pragma: no cover - a specification, never called
 
 
 @hookspec

@@ -57,8 +57,7 @@ def standalone_required_bytes(pools: Any) -> int:
         items = [(str(getattr(k, "value", k)), v) for k, v in pools.items()]
         if "kv" not in {n for n, _ in items}:
             raise PoolError(
-                "standalone sizing needs the KV anchor pool under 'kv'; got pools "
-                f"{[n for n, _ in items]}"
+                f"standalone sizing needs the KV anchor pool under 'kv'; got pools {[n for n, _ in items]}"
             )
     elif isinstance(pools, Iterable) and not hasattr(pools, "buffers"):
         items = [(f"pool[{i}]", p) for i, p in enumerate(pools)]
