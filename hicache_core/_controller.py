@@ -138,6 +138,8 @@ class CacheController:
                 reason = "generic draft I/O needs the v1 path and the 'draft' pool"
         else:
             reason = declared.reason or "the backend declares draft I/O unsupported"
+            if self.config.should_split_heads and caps.draft_io is DraftIoMode.ZERO_COPY_V2:
+                reason = f"should_split_heads=True disables zero-copy v2 draft I/O ({reason})"
         if path is None:
             msg = f"hicache: draft KV offload disabled for backend {store.name!r}: {reason}"
             log.warning(msg)

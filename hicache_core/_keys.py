@@ -104,7 +104,7 @@ class KeyScheme:
         layout = str(getattr(config.layout, "value", config.layout))
         identity = "\0".join((config.model_name, config.kv_dtype, layout))
         digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-        slug = _SLUG_RE.sub("-", config.model_name).strip("-")[:48] or "model"
+        slug = _SLUG_RE.sub("-", config.model_name).strip("-_")[:48] or "model"
         dtype = _SLUG_RE.sub("-", config.kv_dtype)[:16] or "dtype"
         self.namespace = f"{slug}-{dtype}-{layout}-{digest}"
         extra = ""

@@ -51,6 +51,15 @@ class HostPoolGroup(Mapping[PoolName, HostPool]):
                 f"pool {str(name)!r} is not in this HostPoolGroup; it holds {[p.value for p in self._pools]}"
             ) from None
 
+    def __contains__(self, name: object) -> bool:
+        try:
+            return PoolName(name) in self._pools  # type: ignore[arg-type]
+        except ValueError:
+            return False
+
+    def get(self, name: PoolName | str, default: HostPool | None = None) -> HostPool | None:  # type: ignore[override]
+        return self._pools.get(PoolName(name), default) if name in self else default
+
     def __iter__(self) -> Iterator[PoolName]:
         return iter(self._pools)
 

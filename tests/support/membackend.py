@@ -97,3 +97,24 @@ class MemoryBackend:
             for k in gone:
                 del self.data[k]
         return len(gone)
+
+
+class ZeroCopyMemoryBackend(MemoryBackend):
+    """Declares zero-copy v2 and draft ``zero_copy_v2`` (split heads -> unsupported)."""
+
+    capabilities = Capabilities(v1=True, v2=True, zero_copy=True, draft_io=DraftIoMode.ZERO_COPY_V2)
+    draft_mode = DraftIoMode.ZERO_COPY_V2
+
+
+class NoDraftMemoryBackend(MemoryBackend):
+    """v1 only, KV only, draft unsupported."""
+
+    capabilities = Capabilities(v1=True, v2=False, pools=frozenset({PoolName.KV}), draft_io=DraftIoMode.UNSUPPORTED)
+    draft_mode = DraftIoMode.UNSUPPORTED
+
+
+MEMORY_ENTRY_POINTS = {
+    "memory": "tests.support.membackend:MemoryBackend",
+    "memory-zc": "tests.support.membackend:ZeroCopyMemoryBackend",
+    "memory-nodraft": "tests.support.membackend:NoDraftMemoryBackend",
+}

@@ -1,0 +1,20 @@
+"""Project-wide fixtures: in-memory test backends installed as a real throwaway distribution."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.distinfo import installed_dist
+from tests.support.membackend import MEMORY_ENTRY_POINTS, SHARED
+
+
+@pytest.fixture
+def memory_backends(tmp_path: Path) -> Iterator[list[str]]:
+    """Install the ``memory*`` test backends (entry points in a real dist-info on sys.path)."""
+    SHARED.clear()
+    with installed_dist(tmp_path / "site", "hicache-test-memory", {"hicache.backends": MEMORY_ENTRY_POINTS}, {}):
+        yield list(MEMORY_ENTRY_POINTS)
+    SHARED.clear()
