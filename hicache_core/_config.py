@@ -57,7 +57,12 @@ class ControllerSettings(BaseModel):
     prefetch_timeout_s: float = Field(5.0, gt=0, description="deadline of the 'timeout' policy")
     io_threads: int = Field(2, ge=1, le=256, description="threads running async operations")
     io_timeout_s: float | None = Field(
-        60.0, gt=0, description="bound on one async backend call before it is reported failed"
+        None,
+        gt=0,
+        description=(
+            "bound on one backend call; past it the call's pages are reported failed with "
+            "BackendTimeoutError and the call is abandoned (None = no bound, no thread hop)"
+        ),
     )
 
 

@@ -14,11 +14,12 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._config import PrefetchPolicy, StorageConfig
-from ._errors import BatchShapeError, ConfigError, HiCacheError, PoolError
+from ._errors import BackendTimeoutError, BatchShapeError, ConfigError, HiCacheError, PoolError
 from ._keys import check_page_hash
 from ._pool_group import HostPoolGroup
 from ._pools import HostPool
@@ -79,6 +80,11 @@ class CacheController:
                 self.store.close()
             raise
         self._executor = ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="hicache-io")
+        # Backend calls run here only when io_timeout_s is set; abandoned (stuck) calls keep a
+        # thread each, so the pool is larger than the number of concurrent operations.
+        self._call_pool = ThreadPoolExecutor(
+            4 * self.settings.io_threads + 4, thread_name_prefix="hicache-call"
+        )
         self._closed = False
 
     # ----------------------------------------------------------------- attach
@@ -239,9 +245,22 @@ class CacheController:
             out.append([all(part[j : j + c]) for j in range(0, size, c)] if c > 1 else part)
         return out
 
+    def _bounded(self, call: Callable[[], T]) -> T:
+        timeout = self.settings.io_timeout_s
+        if timeout is None:
+            return call()
+        future = self._call_pool.submit(call)
+        try:
+            return future.result(timeout=timeout)
+        except FuturesTimeout:
+            raise BackendTimeoutError(
+                f"no answer within io_timeout_s={timeout}s; the call was abandoned and its pages are "
+                "reported failed (raise io_timeout_s if the backend is just slow)"
+            ) from None
+
     def _guard(self, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]) -> list[list[bool]]:
         try:
-            return call()
+            return self._bounded(call)
         except Exception as err:
             msg = f"backend {self.store.name!r} failed {op.value} of {sum(sizes)} entries: {type(err).__name__}: {err}"
             log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
@@ -535,6 +554,7 @@ class CacheController:
             return
         self._closed = True
         self._executor.shutdown(wait=True)
+        self._call_pool.shutdown(wait=False, cancel_futures=True)
         if self._owns_store:
             self.store.close()
 

@@ -53,7 +53,7 @@ class HostPoolGroup(Mapping[PoolName, HostPool]):
 
     def __contains__(self, name: object) -> bool:
         try:
-            return PoolName(name) in self._pools  # type: ignore[arg-type]
+            return PoolName(name) in self._pools
         except ValueError:
             return False
 

@@ -10,7 +10,15 @@ import pytest
 import torch
 
 import hicache_core as hc
-from hicache_core import CacheController, HostPoolGroup, IndexerPool, MambaPool, MHAKVPool, MLAKVPool, PoolName
+from hicache_core import (
+    CacheController,
+    HostPoolGroup,
+    IndexerPool,
+    MambaPool,
+    MHAKVPool,
+    MLAKVPool,
+    PoolName,
+)
 from tests.support import membackend
 
 
@@ -32,7 +40,9 @@ def hashes(n: int, seed: int = 0) -> list[str]:
     return hc.page_hashes(list(range(seed, seed + 4 * n)), 4)
 
 
-def mha_group(draft: bool = False, mamba: bool = False, mla: bool = False, indexer: bool = False) -> HostPoolGroup:
+def mha_group(
+    draft: bool = False, mamba: bool = False, mla: bool = False, indexer: bool = False
+) -> HostPoolGroup:
     kv = MLAKVPool(32, 4, 2, 16, allocate=False) if mla else MHAKVPool(32, 4, 2, 2, 8, allocate=False)
     extras = {}
     if mamba:
@@ -167,7 +177,9 @@ def test_config_pool_mismatches(memory_backends) -> None:
         ("memory-nodraft", False, None),
     ],
 )
-def test_draft_resolution_follows_declared_capability(memory_backends, backend, split, expected, caplog) -> None:
+def test_draft_resolution_follows_declared_capability(
+    memory_backends, backend, split, expected, caplog
+) -> None:
     group = mha_group(draft=True)
     cfg = hc.StorageConfig(backend=backend, should_split_heads=split)
     with caplog.at_level(logging.WARNING, logger="hicache"):
@@ -232,7 +244,9 @@ def test_batches_are_split_by_batch_pages(memory_backends) -> None:
 
 def test_async_and_prefetch_policies(memory_backends) -> None:
     group = mha_group()
-    cfg = hc.StorageConfig(backend="memory", batch_pages=2, prefetch_policy="timeout", prefetch_timeout_s=0.05)
+    cfg = hc.StorageConfig(
+        backend="memory", batch_pages=2, prefetch_policy="timeout", prefetch_timeout_s=0.05
+    )
     with CacheController(cfg, group) as ctl:
         fill(group)
         hs = hashes(10)
@@ -260,7 +274,10 @@ def test_concurrent_operations(memory_backends) -> None:
         futures = [ctl.backup_async(hashes(8, seed=s), range(8)) for s in range(8)]
         assert all(f.result().pages == 8 for f in futures)
         results = []
-        threads = [threading.Thread(target=lambda s=s: results.append(ctl.query(hashes(8, seed=s)).pages)) for s in range(8)]
+        threads = [
+            threading.Thread(target=lambda s=s: results.append(ctl.query(hashes(8, seed=s)).pages))
+            for s in range(8)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -270,11 +287,36 @@ def test_concurrent_operations(memory_backends) -> None:
 
 def test_clear_is_namespace_scoped(memory_backends) -> None:
     a, b = mha_group(), mha_group()
-    with CacheController(hc.StorageConfig(backend="memory", model_name="a"), a) as ca, CacheController(
-        hc.StorageConfig(backend="memory", model_name="b"), b
-    ) as cb:
+    with (
+        CacheController(hc.StorageConfig(backend="memory", model_name="a"), a) as ca,
+        CacheController(hc.StorageConfig(backend="memory", model_name="b"), b) as cb,
+    ):
         fill(a), fill(b)
         ca.backup(hashes(3), range(3))
         cb.backup(hashes(3), range(3))
         assert ca.clear() == 6
         assert ca.query(hashes(3)).pages == 0 and cb.query(hashes(3)).pages == 3
+
+
+def test_io_timeout_bounds_a_blocking_backend(memory_backends) -> None:
+    group = mha_group()
+    cfg = hc.StorageConfig(backend="memory", io_timeout_s=0.2)
+    with CacheController(cfg, group) as ctl:
+        fill(group)
+        release = threading.Event()
+        backend = ctl.store.backend
+        original = backend._io
+
+        def blocking(op, keys, buffers):
+            if str(op) == "set":
+                release.wait(5)
+            return original(op, keys, buffers)
+
+        backend._io = blocking
+        t0 = time.monotonic()
+        res = ctl.backup(hashes(3), range(3))
+        assert time.monotonic() - t0 < 2
+        assert res.pages == 0 and "io_timeout_s" in res.errors[0] and "'memory'" in res.errors[0]
+        backend._io = original
+        release.set()
+        assert ctl.backup(hashes(3, seed=50), range(3)).pages == 3  # keeps serving

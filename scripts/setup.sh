@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up a development environment in .venv/ at the repository root (idempotent).
+#   - system: libibverbs1 (needed by the Mooncake store; installed with apt-get when missing and we are root)
+#   - python: torch 2.13.0 (CPU wheel), the core with its dev extra and every plugin in plugins/, editable
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing libibverbs1 (needed by mooncake-transfer-engine)"
+    (apt-get install -y -q libibverbs1 >/dev/null 2>&1) || (apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null)
+  else
+    echo "setup: WARNING libibverbs1 is missing; install it (apt-get install libibverbs1) for the mooncake plugin" >&2
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" -U pip setuptools wheel
+# Pin the CPU build: a bare `torch` requirement would pull a multi-GB CUDA build.
+"${PIP[@]}" "torch==2.13.0"
+editables=(-e ".[dev]")
+for plugin in plugins/*/ integrations/*/; do
+  [ -f "$plugin/pyproject.toml" ] || continue
+  if [ -f "$plugin/.dev-extras" ]; then
+    editables+=(-e "${plugin%/}[$(cat "$plugin/.dev-extras")]")
+  else
+    editables+=(-e "${plugin%/}")
+  fi
+done
+"${PIP[@]}" "torch==2.13.0" "${editables[@]}"
+echo "setup: ready ($VENV: $("$VENV/bin/python" -c 'import torch, hicache_core; print("torch", torch.__version__, "hicache", hicache_core.__version__)'))"
