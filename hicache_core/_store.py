@@ -90,12 +90,16 @@ class Store:
             raise BackendIOError(
                 f"backend {self.name!r} failed to open: {type(err).__name__}: {err}"
             ) from err
-        self._register(self.backend, f"backend:{self.name}")
         self.extensions: dict[str, object] = {}
-        for ext_name in dict.fromkeys(config.extensions):
-            ext = load_extension_class(ext_name)(config)
-            self._register(ext, f"extension:{ext_name}")
-            self.extensions[ext_name] = ext
+        try:
+            self._register(self.backend, f"backend:{self.name}")
+            for ext_name in dict.fromkeys(config.extensions):
+                ext = load_extension_class(ext_name)(config)
+                self._register(ext, f"extension:{ext_name}")
+                self.extensions[ext_name] = ext
+        except BaseException:
+            self.pm.hook.hicache_close()  # release what the backend opened
+            raise
         self.pools: dict[PoolName, HostPool] = {}
         self._closed = False
         self._lock = threading.Lock()
