@@ -15,7 +15,6 @@ import warnings
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
-
 from setuptools.errors import CCompilerError, CompileError, ExecError, LinkError, PlatformError
 
 _BUILD_ERRORS = (CCompilerError, CompileError, ExecError, LinkError, PlatformError, OSError, ValueError)

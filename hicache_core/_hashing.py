@@ -10,13 +10,14 @@ whole prefix ending at that page.
 Two implementations produce identical results:
 
 * ``"native"``: the optional C extension ``hicache_core._pagehash`` (SHA-NI when the CPU has
-  it); the whole chain runs in C, without the GIL for large inputs.
+  it, else portable C); the whole chain runs in C, without the GIL for inputs of 64 KiB or more.
 * ``"python"``: ``hashlib`` per page over memoryview slices of one little-endian buffer built
   in a single vectorised step (no per-token Python loop).
 
 :data:`BACKEND` says which one is active. Setting ``HICACHE_PURE_PYTHON_HASH=1`` before the
-first import forces ``"python"``. Neither torch nor numpy is imported here: tensors and arrays
-are recognised only if their library is already loaded.
+first import forces ``"python"``. Importing this module imports neither torch nor numpy: tensors
+and arrays are recognised only if their library is already loaded, and numpy is imported on
+first use only to view torch tensors.
 """
 
 from __future__ import annotations
@@ -47,12 +48,17 @@ _RANGE_HINT: Final = (
 
 
 class _NativeModule(Protocol):
-    SHA256_IMPL: str
+    """The interface of the ``hicache_core._pagehash`` C extension."""
+
+    SHA256_IMPL: str  # "sha-ni" or "portable", chosen by cpuid at import
 
     def page_hashes(
         self, tokens: object, page_size: int, prior: bytes | None, check_sign: bool, /
     ) -> list[str]:
         """Chain in C; ``tokens`` is a list/tuple of ints or a buffer of little-endian uint32."""
+
+    def set_sha256_impl(self, name: str, /) -> str:
+        """Test hook: switch between "sha-ni" and "portable"; returns the previous name."""
 
 
 def _load_native() -> _NativeModule | None:
@@ -146,7 +152,7 @@ def _prepare(token_ids: object, native: bool) -> tuple[object, bool]:
     """
     if isinstance(token_ids, (bytes, bytearray, str)):
         raise BatchShapeError(
-            f"token_ids is a {type(token_ids).__name__}, not a token list; pass the ids as a list of "
+            f"token_ids is a {type(token_ids).__name__} object, not a token list; pass the ids as a list of "
             "ints or array('I', ...) (decode raw little-endian uint32 bytes with array('I', data))"
         )
     if isinstance(token_ids, array):
@@ -198,7 +204,7 @@ def _from_memoryview(view: memoryview) -> tuple[object, bool]:
             "token_ids is a byte memoryview, not a token list; if it holds little-endian uint32 ids, "
             "pass view.cast('I') or array('I', view)"
         )
-    if len(code) != 1 or code not in _INT_CODES:
+    if len(code) != 1 or code not in _INT_CODES + "nN":
         raise BatchShapeError(f"memoryview format {view.format!r} is not an integer format; pass token ids")
     little = prefix == "<" or (prefix in ("", "@", "=") and _LITTLE)
     if view.itemsize == 4 and little and view.c_contiguous:
@@ -217,16 +223,25 @@ def _from_numpy(arr: Any) -> tuple[object, bool]:
     if arr.dtype.kind not in "iu":
         raise BatchShapeError(f"token_ids must have an integer dtype, got numpy {arr.dtype}")
     if arr.dtype.str in ("<u4", "<i4"):
-        return _np_le_buffer(sys.modules["numpy"], arr), arr.dtype.str == "<i4"
+        return _np_le_buffer(arr), arr.dtype.str == "<i4"
     if arr.size:
         _check_range(int(arr.min()), int(arr.max()), arr)
-    return _np_le_buffer(sys.modules["numpy"], arr.astype("<u4")), False
+    return _np_le_buffer(arr.astype("<u4")), False
 
 
-def _np_le_buffer(np: Any, arr: Any) -> object:
-    """A C-contiguous little-endian buffer (zero-copy when ``arr`` already is one)."""
-    arr = np.ascontiguousarray(arr)
+def _np_le_buffer(arr: Any) -> object:
+    """A C-contiguous buffer of ``arr``'s bytes (zero-copy when ``arr`` already is contiguous)."""
+    arr = sys.modules["numpy"].ascontiguousarray(arr)
     return arr if _LITTLE else arr.tobytes()
+
+
+def _numpy_available() -> bool:
+    """Import numpy on first use (never at module import); ``False`` if it is not installed."""
+    try:
+        importlib.import_module("numpy")
+    except ImportError:
+        return False
+    return True
 
 
 def _from_torch(tensor: Any, torch: Any) -> tuple[object, bool]:
@@ -238,18 +253,14 @@ def _from_torch(tensor: Any, torch: Any) -> tuple[object, bool]:
         raise BatchShapeError(f"token_ids must be 1-D, got a tensor of shape {tuple(tensor.shape)}")
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
         raise BatchShapeError(f"token_ids must have an integer dtype, got {tensor.dtype}")
-    if tensor.dtype == torch.int32:
-        try:
-            return _np_le_buffer(sys.modules["numpy"], tensor.contiguous().numpy()), True
-        except (KeyError, RuntimeError, TypeError):  # torch without numpy
-            return _seq_to_u32(tensor.tolist()), False
+    if not _numpy_available():  # torch without numpy: one C-level conversion (range-checked)
+        return _seq_to_u32(tensor.tolist()), False
+    if tensor.dtype == torch.int32:  # zero-copy view of the (contiguous) tensor's memory
+        return _np_le_buffer(tensor.contiguous().numpy()), True
     wide = tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
     if wide.numel():
         _check_range(int(wide.min()), int(wide.max()), wide)
-    try:
-        return _np_le_buffer(sys.modules["numpy"], wide.numpy().astype("<u4")), False
-    except (KeyError, RuntimeError, TypeError):  # torch without numpy
-        return _seq_to_u32(wide.tolist()), False
+    return _np_le_buffer(wide.numpy().astype("<u4")), False
 
 
 def _check_range(lo: int, hi: int, values: Any) -> None:
@@ -274,7 +285,7 @@ def _seq_to_u32(seq: Sequence[int] | memoryview | array[int]) -> array[int]:
 def _describe_bad_token(seq: Sequence[object] | memoryview | array[int]) -> str:
     """Error path only: find the first offending element and say how to fix it."""
     for i, tok in enumerate(seq):
-        if isinstance(tok, bool) or not hasattr(tok, "__index__"):
+        if not hasattr(tok, "__index__"):
             return (
                 f"token_ids[{i}] is a {type(tok).__name__}, not an int; token ids must be a flat (1-D) "
                 "sequence of ints"

@@ -1,23 +1,20 @@
 /*
- * hicache_core._pagehash -- chained per-page SHA-256 of token ids, in C.
+ * hicache_core._pagehash: chained per-page SHA-256 of token ids (see hicache_core/_hashing.py).
  *
- * page_hashes(tokens, page_size, prior, check_sign) -> list[str]
- *
- *   tokens     list/tuple of ints, or a C-contiguous buffer holding 4-byte little-endian words
- *   page_size  tokens per page (> 0); a trailing partial page is ignored
- *   prior      None or the 32 raw bytes of the hash that precedes the first page
- *   check_sign the buffer holds int32 words: reject words with the sign bit set
- *
- * Page i's digest is sha256(digest[i-1] || le32(token) for each token of the page), with
- * digest[-1] = prior (absent when None), exactly as SGLang's get_hash_str chained per page.
- * Out-of-range ids raise OverflowError and non-integers TypeError; hicache_core._hashing
- * turns both into BatchShapeError.  The chain runs without the GIL for large inputs.
- *
- * SHA-256 uses the x86 SHA extensions when the CPU has them (runtime cpuid check), else a
- * portable C implementation.  No OpenSSL headers or libraries are needed.
+ * page_hashes(tokens, page_size, prior=None, check_sign=False) -> list[str]
+ *   tokens: a list/tuple of ints, or a C-contiguous buffer of 4-byte little-endian words
+ *   prior: None or the 32 raw bytes of the hash preceding the first page
+ *   check_sign: the buffer holds int32 words; reject those with the sign bit set
+ * Page i's digest is sha256(digest[i-1] || le32(t) for t in page i), digest[-1] = prior (absent if
+ * None), exactly SGLang's get_hash_str chained per page; a trailing partial page is ignored.
+ * Bad ids raise OverflowError / TypeError (mapped to BatchShapeError by the Python wrapper).
+ * SHA-256 uses the x86 SHA extensions when cpuid reports them, else portable C; no OpenSSL needed.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#if PY_VERSION_HEX < 0x030B0000
+#include <longintrepr.h>
+#endif
 #include <stdint.h>
 #include <string.h>
 
@@ -26,8 +23,6 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #endif
-
-typedef void (*compress_fn)(uint32_t state[8], const uint8_t *data, size_t nblocks);
 
 static const uint32_t K256[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -44,7 +39,33 @@ static const uint32_t IV256[8] = {
     0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
 };
 
-/* ---- portable compression function ------------------------------------------------------ */
+/* ---- hex ---------------------------------------------------------------------------------- */
+
+/* Lowercase hex of one 32-byte digest into 64 bytes of a compact ASCII str. */
+static void hex32_portable(const uint8_t *d, Py_UCS1 *dst) {
+    static const char hexd[] = "0123456789abcdef";
+    for (int i = 0; i < 32; i++) {
+        dst[2 * i] = (Py_UCS1)hexd[d[i] >> 4];
+        dst[2 * i + 1] = (Py_UCS1)hexd[d[i] & 15];
+    }
+}
+
+#ifdef HC_HAVE_SHANI
+__attribute__((target("ssse3"))) static inline void hex32_ssse3(const uint8_t *d, Py_UCS1 *dst) {
+    const __m128i lut = _mm_setr_epi8('0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd',
+                                      'e', 'f');
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    for (int half = 0; half < 2; half++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(d + 16 * half));
+        __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(x, 4), low4));
+        __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(x, low4));
+        _mm_storeu_si128((__m128i *)(dst + 32 * half), _mm_unpacklo_epi8(hi, lo));
+        _mm_storeu_si128((__m128i *)(dst + 32 * half + 16), _mm_unpackhi_epi8(hi, lo));
+    }
+}
+#endif
+
+/* ---- portable SHA-256 -------------------------------------------------------------------- */
 
 #define ROR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
 
@@ -74,7 +95,7 @@ static void compress_portable(uint32_t state[8], const uint8_t *data, size_t nbl
     }
 }
 
-/* ---- x86 SHA-NI compression function ---------------------------------------------------- */
+/* ---- x86 SHA-NI ------------------------------------------------------------------------- */
 
 #ifdef HC_HAVE_SHANI
 #define HC_SHA_TARGET __attribute__((target("sha,sse4.1,ssse3")))
@@ -95,43 +116,77 @@ static void compress_portable(uint32_t state[8], const uint8_t *data, size_t nbl
         W0 = _mm_sha256msg2_epu32(W0, W3);                                                    \
     } while (0)
 
-HC_SHA_TARGET static void compress_shani(uint32_t state[8], const uint8_t *data, size_t nblocks) {
-    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
-    __m128i tmp = _mm_loadu_si128((const __m128i *)&state[0]);      /* DCBA */
-    __m128i s1 = _mm_loadu_si128((const __m128i *)&state[4]);       /* HGFE */
-    tmp = _mm_shuffle_epi32(tmp, 0xB1);                             /* CDAB */
-    s1 = _mm_shuffle_epi32(s1, 0x1B);                               /* EFGH */
-    __m128i s0 = _mm_alignr_epi8(tmp, s1, 8);                       /* ABEF */
-    s1 = _mm_blend_epi16(s1, tmp, 0xF0);                            /* CDGH */
-    while (nblocks--) {
-        const __m128i abef = s0, cdgh = s1;
-        __m128i w0 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 0)), bswap);
-        __m128i w1 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 16)), bswap);
-        __m128i w2 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 32)), bswap);
-        __m128i w3 = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(data + 48)), bswap);
-        RND4(w0, 0); RND4(w1, 1); RND4(w2, 2); RND4(w3, 3);
-        SCHED(w0, w1, w2, w3); RND4(w0, 4);
-        SCHED(w1, w2, w3, w0); RND4(w1, 5);
-        SCHED(w2, w3, w0, w1); RND4(w2, 6);
-        SCHED(w3, w0, w1, w2); RND4(w3, 7);
-        SCHED(w0, w1, w2, w3); RND4(w0, 8);
-        SCHED(w1, w2, w3, w0); RND4(w1, 9);
-        SCHED(w2, w3, w0, w1); RND4(w2, 10);
-        SCHED(w3, w0, w1, w2); RND4(w3, 11);
-        SCHED(w0, w1, w2, w3); RND4(w0, 12);
-        SCHED(w1, w2, w3, w0); RND4(w1, 13);
-        SCHED(w2, w3, w0, w1); RND4(w2, 14);
-        SCHED(w3, w0, w1, w2); RND4(w3, 15);
-        s0 = _mm_add_epi32(s0, abef);
-        s1 = _mm_add_epi32(s1, cdgh);
-        data += 64;
+/* One 64-byte block; w0..w3 are the message words (lane i = word i) and s0/s1 the state. */
+HC_SHA_TARGET static inline __attribute__((always_inline)) void sha_block(__m128i *ps0, __m128i *ps1, __m128i w0,
+                                                                         __m128i w1, __m128i w2, __m128i w3) {
+    __m128i s0 = *ps0, s1 = *ps1;
+    const __m128i abef = s0, cdgh = s1;
+    RND4(w0, 0); RND4(w1, 1); RND4(w2, 2); RND4(w3, 3);
+    for (int g = 4; g < 16; g += 4) {
+        SCHED(w0, w1, w2, w3); RND4(w0, g);
+        SCHED(w1, w2, w3, w0); RND4(w1, g + 1);
+        SCHED(w2, w3, w0, w1); RND4(w2, g + 2);
+        SCHED(w3, w0, w1, w2); RND4(w3, g + 3);
     }
-    tmp = _mm_shuffle_epi32(s0, 0x1B);                              /* FEBA */
+    *ps0 = _mm_add_epi32(s0, abef);
+    *ps1 = _mm_add_epi32(s1, cdgh);
+}
+
+#define LOADW(p) _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p)), bswap)
+
+/* The ABEF/CDGH register layout used by sha256rnds2 -> state words a..d, e..h (lane i = word i). */
+HC_SHA_TARGET static inline __attribute__((always_inline)) void from_abef(__m128i s0, __m128i s1, __m128i *dcba,
+                                                                         __m128i *hgfe) {
+    __m128i tmp = _mm_shuffle_epi32(s0, 0x1B);                      /* FEBA */
     s1 = _mm_shuffle_epi32(s1, 0xB1);                               /* DCHG */
-    s0 = _mm_blend_epi16(tmp, s1, 0xF0);                            /* DCBA */
-    s1 = _mm_alignr_epi8(s1, tmp, 8);                               /* HGFE */
-    _mm_storeu_si128((__m128i *)&state[0], s0);
-    _mm_storeu_si128((__m128i *)&state[4], s1);
+    *dcba = _mm_blend_epi16(tmp, s1, 0xF0);                         /* DCBA */
+    *hgfe = _mm_alignr_epi8(s1, tmp, 8);                            /* HGFE */
+}
+
+/* The whole chain with the state in registers; the previous digest feeds the next page's first
+ * block as message words directly (no byte round trip).  Needs page_bytes >= 32. */
+HC_SHA_TARGET static void chain_shani(const uint8_t *data, size_t page_bytes, size_t n_pages, const uint8_t *prior,
+                                      uint8_t *digests, Py_UCS1 *const *hex) {
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    const __m128i iv0 = _mm_set_epi32(0x6a09e667, (int)0xbb67ae85, 0x510e527f, (int)0x9b05688c); /* ABEF */
+    const __m128i iv1 = _mm_set_epi32(0x3c6ef372, (int)0xa54ff53a, 0x1f83d9ab, 0x5be0cd19);      /* CDGH */
+    __m128i pw0 = _mm_setzero_si128(), pw1 = _mm_setzero_si128();
+    uint8_t tail[128];
+    int have_prev = prior != NULL;
+    if (have_prev) {
+        pw0 = LOADW(prior);
+        pw1 = LOADW(prior + 16);
+    }
+    int tail_for = -1; /* the have_prev value the padding in tail[] was built for */
+    size_t end = 64;
+    for (size_t p = 0; p < n_pages; p++) {
+        const uint8_t *src = data + p * page_bytes;
+        size_t rem = page_bytes - (have_prev ? 32 : 0);
+        __m128i s0 = iv0, s1 = iv1;
+        if (tail_for != have_prev) { /* padding: 0x80, zeros, 64-bit big-endian bit length */
+            const uint64_t bits = ((uint64_t)page_bytes + (have_prev ? 32u : 0u)) * 8u;
+            const size_t r = rem % 64;
+            end = r + 9 <= 64 ? 64 : 128;
+            memset(tail, 0, sizeof tail);
+            tail[r] = 0x80;
+            for (int i = 0; i < 8; i++) tail[end - 1 - i] = (uint8_t)(bits >> (8 * i));
+            tail_for = have_prev;
+        }
+        if (have_prev) {
+            sha_block(&s0, &s1, pw0, pw1, LOADW(src), LOADW(src + 16));
+            src += 32;
+        }
+        for (; rem >= 64; rem -= 64, src += 64)
+            sha_block(&s0, &s1, LOADW(src), LOADW(src + 16), LOADW(src + 32), LOADW(src + 48));
+        memcpy(tail, src, rem);
+        sha_block(&s0, &s1, LOADW(tail), LOADW(tail + 16), LOADW(tail + 32), LOADW(tail + 48));
+        if (end == 128) sha_block(&s0, &s1, LOADW(tail + 64), LOADW(tail + 80), LOADW(tail + 96), LOADW(tail + 112));
+        from_abef(s0, s1, &pw0, &pw1);
+        _mm_storeu_si128((__m128i *)(digests + 32 * p), _mm_shuffle_epi8(pw0, bswap));
+        _mm_storeu_si128((__m128i *)(digests + 32 * p + 16), _mm_shuffle_epi8(pw1, bswap));
+        hex32_ssse3(digests + 32 * p, hex[p]); /* overlaps with the next page's latency-bound rounds */
+        have_prev = 1;
+    }
 }
 
 static int cpu_has_shani(void) {
@@ -142,115 +197,115 @@ static int cpu_has_shani(void) {
     __cpuid_count(7, 0, a, b, c, d);
     return (b & (1u << 29)) != 0; /* SHA */
 }
+#else
+static int cpu_has_shani(void) { return 0; }
 #endif
 
-static compress_fn g_compress = compress_portable;
+static int g_use_shani = 0; /* chain_shani (for pages of >= 8 tokens) instead of chain_portable */
 
-/* ---- one page: sha256(prev? || data[0:len]) ---------------------------------------------- */
-
-static void hash_page(const uint8_t *prev, const uint8_t *data, size_t len, uint8_t out[32]) {
-    uint32_t st[8];
-    uint8_t buf[128];
-    size_t fill = 0, off = 0;
-    const uint64_t bits = ((uint64_t)len + (prev ? 32u : 0u)) * 8u;
-    memcpy(st, IV256, sizeof st);
-    if (prev) {
-        size_t take = len < 32 ? len : 32;
-        memcpy(buf, prev, 32);
-        memcpy(buf + 32, data, take);
-        off = take;
-        fill = 32 + take;
-        if (fill == 64) {
-            g_compress(st, buf, 1);
-            fill = 0;
-        }
-    }
-    if (fill == 0) {
-        size_t nblocks = (len - off) / 64;
-        if (nblocks) {
-            g_compress(st, data + off, nblocks);
-            off += nblocks * 64;
-        }
-        fill = len - off;
-        memcpy(buf, data + off, fill);
-    }
-    /* Padding: 0x80, zeros, 64-bit big-endian bit length. */
-    buf[fill++] = 0x80;
-    size_t end = fill + 8 <= 64 ? 64 : 128;
-    memset(buf + fill, 0, end - fill - 8);
-    for (int i = 0; i < 8; i++) buf[end - 1 - i] = (uint8_t)(bits >> (8 * i));
-    g_compress(st, buf, end / 64);
-    for (int i = 0; i < 8; i++) {
-        out[4 * i] = (uint8_t)(st[i] >> 24);
-        out[4 * i + 1] = (uint8_t)(st[i] >> 16);
-        out[4 * i + 2] = (uint8_t)(st[i] >> 8);
-        out[4 * i + 3] = (uint8_t)st[i];
-    }
-}
-
-static void hash_chain(const uint8_t *data, size_t page_bytes, size_t n_pages, const uint8_t *prior,
-                       uint8_t *digests) {
+/* Portable chain: scratch (page_bytes + 128 bytes) receives prev || page || padding per page. */
+static void chain_portable(const uint8_t *data, size_t page_bytes, size_t n_pages, const uint8_t *prior,
+                           uint8_t *digests, Py_UCS1 *const *hex, uint8_t *scratch) {
     const uint8_t *prev = prior;
     for (size_t p = 0; p < n_pages; p++) {
-        hash_page(prev, data + p * page_bytes, page_bytes, digests + 32 * p);
-        prev = digests + 32 * p;
+        uint32_t st[8];
+        size_t len = prev ? 32 : 0, padded;
+        uint8_t *out = digests + 32 * p;
+        if (prev) memcpy(scratch, prev, 32);
+        memcpy(scratch + len, data + p * page_bytes, page_bytes);
+        len += page_bytes;
+        padded = (len + 9 + 63) / 64 * 64; /* 0x80, zeros, 64-bit big-endian bit length */
+        memset(scratch + len, 0, padded - len);
+        scratch[len] = 0x80;
+        for (int i = 0; i < 8; i++) scratch[padded - 1 - i] = (uint8_t)(((uint64_t)len * 8u) >> (8 * i));
+        memcpy(st, IV256, sizeof st);
+        compress_portable(st, scratch, padded / 64);
+        for (int i = 0; i < 32; i++) out[i] = (uint8_t)(st[i / 4] >> (24 - 8 * (i % 4)));
+        hex32_portable(out, hex[p]);
+        prev = out;
     }
 }
 
-/* Index of the first 4-byte LE word with its sign bit set, or -1. */
-static Py_ssize_t first_negative(const uint8_t *data, size_t n_words) {
-    for (size_t i = 0; i < n_words; i++)
+/* The GIL-free part: sign check (int32 input), then the chain.  Returns the first negative id's
+ * index, or -1 once digests[] and the hex strs are filled. */
+static Py_ssize_t hash_all(const uint8_t *data, size_t n_words, size_t page_size, const uint8_t *prior,
+                           int check_sign, uint8_t *digests, Py_UCS1 *const *hex, uint8_t *scratch) {
+    const size_t page_bytes = page_size * 4, n_pages = n_words / page_size;
+    for (size_t i = 0; check_sign && i < n_words; i++)
         if (data[4 * i + 3] & 0x80) return (Py_ssize_t)i;
+#ifdef HC_HAVE_SHANI
+    if (g_use_shani && page_bytes >= 32) {
+        chain_shani(data, page_bytes, n_pages, prior, digests, hex);
+        return -1;
+    }
+#endif
+    chain_portable(data, page_bytes, n_pages, prior, digests, hex, scratch);
+    return -1;
+}
+
+/* Exact ints that fit in one machine word: read the value without a call (CPython internals). */
+static inline int small_int_value(PyObject *item, long *out) {
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyLong_CheckExact(item) && PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        *out = (long)PyUnstable_Long_CompactValue((PyLongObject *)item);
+        return 1;
+    }
+#else
+    if (PyLong_CheckExact(item) && (Py_SIZE(item) == 0 || Py_SIZE(item) == 1)) {
+        *out = Py_SIZE(item) ? (long)((PyLongObject *)item)->ob_digit[0] : 0;
+        return 1;
+    }
+#endif
+    return 0;
+}
+
+static int token_error(Py_ssize_t i, PyObject *item) {
+    int not_int = PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError);
+    PyErr_Clear();
+    if (not_int)
+        return PyErr_Format(PyExc_TypeError,
+                            "token_ids[%zd] is a %.100s, not an int; token ids must be a flat (1-D) sequence "
+                            "of ints", i, Py_TYPE(item)->tp_name), -1;
+    PyErr_Format(PyExc_OverflowError,
+                 "token_ids[%zd] = %R is outside [0, 2**32); token ids are uint32 vocabulary indices: drop "
+                 "padding/sentinel values (e.g. -1) before hashing",
+                 i, item);
     return -1;
 }
 
 /* Convert a list/tuple of ints to LE uint32 words (with the GIL held). */
 static int sequence_to_le32(PyObject *seq, uint8_t *out, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (PySequence_Fast_GET_SIZE(seq) != n) {
-            PyErr_SetString(PyExc_RuntimeError, "token_ids changed size while being hashed");
-            return -1;
-        }
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
+        long small;
         unsigned long v;
-        Py_INCREF(item);
-        if (PyLong_Check(item)) {
-            v = PyLong_AsUnsignedLong(item);
+        if (small_int_value(item, &small)) {
+            if (small < 0 || (unsigned long)small > 0xFFFFFFFFUL) return token_error(i, item);
+            v = (unsigned long)small;
         } else {
-            PyObject *idx = PyNumber_Index(item);
-            if (idx == NULL) {
-                Py_DECREF(item);
-                PyErr_Format(PyExc_TypeError,
-                             "token_ids[%zd] is a %.100s, not an int; token ids must be a flat (1-D) "
-                             "sequence of ints",
-                             i, Py_TYPE(item)->tp_name);
+            /* __index__ may run Python code that mutates the list: hold the item, recheck the size. */
+            PyObject *idx;
+            Py_INCREF(item);
+            idx = PyNumber_Index(item);
+            v = idx ? PyLong_AsUnsignedLong(idx) : (unsigned long)-1;
+            Py_XDECREF(idx);
+            if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFUL) token_error(i, item);
+            Py_DECREF(item);
+            if (PyErr_Occurred()) return -1;
+            if (PySequence_Fast_GET_SIZE(seq) != n) {
+                PyErr_SetString(PyExc_RuntimeError, "token_ids changed size while being hashed");
                 return -1;
             }
-            v = PyLong_AsUnsignedLong(idx);
-            Py_DECREF(idx);
         }
-        if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFUL) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_OverflowError,
-                         "token_ids[%zd] = %R is outside [0, 2**32); token ids are uint32 vocabulary "
-                         "indices: drop padding/sentinel values (e.g. -1) before hashing",
-                         i, item);
-            Py_DECREF(item);
-            return -1;
-        }
-        Py_DECREF(item);
-        out[4 * i] = (uint8_t)v;
-        out[4 * i + 1] = (uint8_t)(v >> 8);
-        out[4 * i + 2] = (uint8_t)(v >> 16);
-        out[4 * i + 3] = (uint8_t)(v >> 24);
+        for (int k = 0; k < 4; k++) out[4 * i + k] = (uint8_t)(v >> (8 * k));
     }
     return 0;
 }
 
 #define HC_NOGIL_MIN_BYTES (64 * 1024) /* below this, keep the GIL: re-acquiring it can cost ms */
 
-static PyObject *hex_list(const uint8_t *digests, size_t n_pages) {
-    static const char hexd[] = "0123456789abcdef";
+/* A list of n uninitialised 64-char ASCII strs; hex[p] receives the characters of item p. */
+static PyObject *new_hex_list(size_t n_pages, Py_UCS1 **hex) {
     PyObject *list = PyList_New((Py_ssize_t)n_pages);
     if (list == NULL) return NULL;
     for (size_t p = 0; p < n_pages; p++) {
@@ -259,39 +314,29 @@ static PyObject *hex_list(const uint8_t *digests, size_t n_pages) {
             Py_DECREF(list);
             return NULL;
         }
-        Py_UCS1 *dst = PyUnicode_1BYTE_DATA(s);
-        const uint8_t *d = digests + 32 * p;
-        for (int i = 0; i < 32; i++) {
-            dst[2 * i] = (Py_UCS1)hexd[d[i] >> 4];
-            dst[2 * i + 1] = (Py_UCS1)hexd[d[i] & 15];
-        }
+        hex[p] = PyUnicode_1BYTE_DATA(s);
         PyList_SET_ITEM(list, (Py_ssize_t)p, s);
     }
     return list;
 }
 
 static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
-    PyObject *tokens, *prior_obj = Py_None, *result = NULL;
+    PyObject *tokens, *prior_obj = Py_None, *list = NULL;
+    Py_UCS1 **hex = NULL;
     Py_ssize_t page_size;
     int check_sign = 0;
-    uint8_t prior[32], *digests = NULL, *owned = NULL;
-    const uint8_t *data;
+    uint8_t prior[32], *digests = NULL, *owned = NULL, *scratch = NULL;
+    const uint8_t *data, *prior_p = NULL;
     Py_buffer view = {0};
     int have_view = 0;
     size_t n_words;
     (void)self;
     if (!PyArg_ParseTuple(args, "On|Op:page_hashes", &tokens, &page_size, &prior_obj, &check_sign)) return NULL;
-    if (page_size <= 0 || page_size > PY_SSIZE_T_MAX / 4) {
-        PyErr_Format(PyExc_ValueError, "page_size must be a positive int, got %zd", page_size);
-        return NULL;
-    }
-    if (prior_obj != Py_None) {
-        if (!PyBytes_Check(prior_obj) || PyBytes_GET_SIZE(prior_obj) != 32) {
-            PyErr_SetString(PyExc_ValueError, "prior must be None or 32 raw digest bytes");
-            return NULL;
-        }
-        memcpy(prior, PyBytes_AS_STRING(prior_obj), 32);
-    }
+    if (page_size <= 0 || page_size > PY_SSIZE_T_MAX / 4)
+        return PyErr_Format(PyExc_ValueError, "page_size must be a positive int, got %zd", page_size);
+    if (prior_obj != Py_None && (!PyBytes_Check(prior_obj) || PyBytes_GET_SIZE(prior_obj) != 32))
+        return PyErr_Format(PyExc_ValueError, "prior must be None or 32 raw digest bytes");
+    if (prior_obj != Py_None) prior_p = memcpy(prior, PyBytes_AS_STRING(prior_obj), 32);
     if (PyList_Check(tokens) || PyTuple_Check(tokens)) {
         Py_ssize_t n = PySequence_Fast_GET_SIZE(tokens);
         n_words = (size_t)n;
@@ -303,71 +348,63 @@ static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
         if (PyObject_GetBuffer(tokens, &view, PyBUF_SIMPLE) < 0) goto done;
         have_view = 1;
         if (view.len % 4) {
-            PyErr_Format(PyExc_ValueError, "token buffer is %zd bytes, not a whole number of 4-byte ids",
-                         view.len);
+            PyErr_Format(PyExc_ValueError, "token buffer has %zd bytes, not whole 4-byte ids", view.len);
             goto done;
         }
         n_words = (size_t)view.len / 4;
         data = (const uint8_t *)view.buf;
     }
     {
-        const size_t page_bytes = (size_t)page_size * 4;
         const size_t n_pages = n_words / (size_t)page_size;
-        Py_ssize_t bad = -1;
+        Py_ssize_t bad;
         digests = PyMem_Malloc(n_pages * 32 + 1);
-        if (digests == NULL) {
+        hex = PyMem_Malloc(n_pages * sizeof(Py_UCS1 *) + 1);
+        scratch = PyMem_Malloc(n_pages ? (size_t)page_size * 4 + 128 : 1);
+        if (digests == NULL || hex == NULL || scratch == NULL) {
             PyErr_NoMemory();
             goto done;
         }
+        /* The strs stay private to this call until it returns, so they are filled without the GIL. */
+        if ((list = new_hex_list(n_pages, hex)) == NULL) goto done;
         if (n_words * 4 >= HC_NOGIL_MIN_BYTES) {
             Py_BEGIN_ALLOW_THREADS
-            if (check_sign) bad = first_negative(data, n_words);
-            if (bad < 0) hash_chain(data, page_bytes, n_pages, prior_obj == Py_None ? NULL : prior, digests);
+            bad = hash_all(data, n_words, (size_t)page_size, prior_p, check_sign, digests, hex, scratch);
             Py_END_ALLOW_THREADS
         } else {
-            if (check_sign) bad = first_negative(data, n_words);
-            if (bad < 0) hash_chain(data, page_bytes, n_pages, prior_obj == Py_None ? NULL : prior, digests);
+            bad = hash_all(data, n_words, (size_t)page_size, prior_p, check_sign, digests, hex, scratch);
         }
         if (bad >= 0) {
             const uint8_t *w = data + 4 * bad;
-            const int32_t v = (int32_t)((uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16 |
-                                        (uint32_t)w[3] << 24);
-            PyErr_Format(PyExc_OverflowError,
-                         "token_ids[%zd] = %ld is outside [0, 2**32); token ids are uint32 vocabulary "
-                         "indices: drop padding/sentinel values (e.g. -1) before hashing",
-                         bad, (long)v);
-            goto done;
+            PyObject *v = PyLong_FromLong((long)(int32_t)((uint32_t)w[0] | (uint32_t)w[1] << 8 |
+                                                          (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24));
+            if (v != NULL) token_error(bad, v);
+            Py_XDECREF(v);
+            Py_CLEAR(list);
         }
-        result = hex_list(digests, n_pages);
     }
 done:
     if (have_view) PyBuffer_Release(&view);
     PyMem_Free(owned);
     PyMem_Free(digests);
-    return result;
+    PyMem_Free(hex);
+    PyMem_Free(scratch);
+    return list;
 }
 
-static const char *impl_name(void) { return g_compress == compress_portable ? "portable" : "sha-ni"; }
+static const char *impl_name(void) { return g_use_shani ? "sha-ni" : "portable"; }
 
-/* Test hook: select the compression function ("portable" or "sha-ni"); returns the previous one. */
+/* Test hook: select "portable" or "sha-ni" (if the CPU has it); returns the previous name. */
 static PyObject *py_set_sha256_impl(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
-    PyObject *previous = PyUnicode_FromString(impl_name());
+    const char *previous = impl_name();
     (void)self;
-    if (previous == NULL) return NULL;
-    if (name != NULL && strcmp(name, "portable") == 0) {
-        g_compress = compress_portable;
-        return previous;
-    }
-#ifdef HC_HAVE_SHANI
-    if (name != NULL && strcmp(name, "sha-ni") == 0 && cpu_has_shani()) {
-        g_compress = compress_shani;
-        return previous;
-    }
-#endif
-    Py_DECREF(previous);
-    PyErr_Format(PyExc_ValueError, "unsupported SHA-256 implementation %R on this CPU", arg);
-    return NULL;
+    if (name != NULL && strcmp(name, "portable") == 0)
+        g_use_shani = 0;
+    else if (name != NULL && strcmp(name, "sha-ni") == 0 && cpu_has_shani())
+        g_use_shani = 1;
+    else
+        return PyErr_Format(PyExc_ValueError, "unsupported SHA-256 implementation %R on this CPU", arg);
+    return PyUnicode_FromString(previous);
 }
 
 static PyMethodDef methods[] = {
@@ -385,9 +422,7 @@ static struct PyModuleDef moduledef = {
 };
 
 PyMODINIT_FUNC PyInit__pagehash(void) {
-#ifdef HC_HAVE_SHANI
-    if (cpu_has_shani()) g_compress = compress_shani;
-#endif
+    g_use_shani = cpu_has_shani();
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     if (PyModule_AddStringConstant(m, "SHA256_IMPL", impl_name()) < 0) {

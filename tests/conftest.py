@@ -15,6 +15,8 @@ from tests.support.membackend import MEMORY_ENTRY_POINTS, SHARED
 def memory_backends(tmp_path: Path) -> Iterator[list[str]]:
     """Install the ``memory*`` test backends (entry points in a real dist-info on sys.path)."""
     SHARED.clear()
-    with installed_dist(tmp_path / "site", "hicache-test-memory", {"hicache.backends": MEMORY_ENTRY_POINTS}, {}):
+    with installed_dist(
+        tmp_path / "site", "hicache-test-memory", {"hicache.backends": MEMORY_ENTRY_POINTS}, {}
+    ):
         yield list(MEMORY_ENTRY_POINTS)
     SHARED.clear()

@@ -34,7 +34,9 @@ def test_file_formats(tmp_path: Path, suffix: str) -> None:
     body = {
         ".toml": 'backend = "file"\nmodel_name = "m"\ntp_size = 2\ntp_rank = 1\n[options]\nroot = "/x"\n',
         ".yaml": "backend: file\nmodel_name: m\ntp_size: 2\ntp_rank: 1\noptions:\n  root: /x\n",
-        ".json": json.dumps({"backend": "file", "model_name": "m", "tp_size": 2, "tp_rank": 1, "options": {"root": "/x"}}),
+        ".json": json.dumps(
+            {"backend": "file", "model_name": "m", "tp_size": 2, "tp_rank": 1, "options": {"root": "/x"}}
+        ),
     }[suffix]
     path = tmp_path / f"c{suffix}"
     path.write_text(body)

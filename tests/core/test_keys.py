@@ -13,7 +13,9 @@ H = "ab" * 32
 
 
 def keys(pool: PoolName = PoolName.KV, comps=("k", "v"), replicated=False, **cfg):
-    return KeyScheme(hc.StorageConfig(model_name=cfg.pop("model_name", "llama"), **cfg)).keys(pool, comps, replicated, [H])[0]
+    return KeyScheme(hc.StorageConfig(model_name=cfg.pop("model_name", "llama"), **cfg)).keys(
+        pool, comps, replicated, [H]
+    )[0]
 
 
 def test_shape_and_safety() -> None:
@@ -70,7 +72,9 @@ def test_any_model_name_gives_safe_keys(model_name: str) -> None:
         assert "/" not in key and ".." not in key and "\0" not in key and len(key) <= 255
 
 
-@pytest.mark.parametrize("bad", ["", "../etc", "a/b", "a\\b", "x" * 129, "a\0b", "-lead", "a.b", " sp", 7, None, b"ab"])
+@pytest.mark.parametrize(
+    "bad", ["", "../etc", "a/b", "a\\b", "x" * 129, "a\0b", "-lead", "a.b", " sp", 7, None, b"ab"]
+)
 def test_hostile_page_hashes_are_rejected(bad) -> None:
     scheme = KeyScheme(hc.StorageConfig())
     with pytest.raises(hc.KeyFormatError):

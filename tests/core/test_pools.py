@@ -90,7 +90,12 @@ def test_standalone_size_example_from_design() -> None:
     mamba = types.SimpleNamespace(buffers=lambda: [shared, buf(32)])
     assert standalone_required_bytes({"kv": kv, "mamba": mamba}) == 224
     # the same buffer seen twice (dedup by data_ptr) counts once
-    assert standalone_required_bytes({"kv": kv, "mamba": mamba, "draft": types.SimpleNamespace(buffers=lambda: [shared])}) == 224
+    assert (
+        standalone_required_bytes(
+            {"kv": kv, "mamba": mamba, "draft": types.SimpleNamespace(buffers=lambda: [shared])}
+        )
+        == 224
+    )
     # SGLang-style pools (kv_buffer / get_hybrid_pool_buffer) work too
     sg_kv = types.SimpleNamespace(kv_buffer=buf(128))
     sg_mamba = types.SimpleNamespace(get_hybrid_pool_buffer=lambda: [buf(64), [buf(32)]])

@@ -11,7 +11,7 @@ import hicache_core as hc
 from hicache_core import _registry
 from tests.support.distinfo import installed_dist
 
-GOOD = '''
+GOOD = """
 from pydantic import BaseModel, ConfigDict
 from hicache_core import Capabilities, DraftIo, DraftIoMode, hookimpl
 
@@ -38,10 +38,12 @@ class Backend:
     @hookimpl
     def hicache_batch_io_v1(self, op, keys, buffers):
         return [False] * len(keys)
-'''
+"""
 
 
-def _install(tmp_path: Path, source: str, name: str = "thing", module: str = "thirdparty_thing", dist: str = ""):
+def _install(
+    tmp_path: Path, source: str, name: str = "thing", module: str = "thirdparty_thing", dist: str = ""
+):
     return installed_dist(
         tmp_path / "site",
         dist or f"hicache-{name}",
@@ -105,15 +107,29 @@ def test_missing_dependency_names_distribution_and_module(tmp_path: Path) -> Non
     ("mutation", "expected"),
     [
         (("def hicache_batch_io_v1(", "def hicache_batchio_v1("), "did you mean 'hicache_batch_io_v1'"),
-        (('    @hookimpl\n    def hicache_draft_io_capability', "    def hicache_draft_io_capability"), "not marked"),
+        (
+            ("    @hookimpl\n    def hicache_draft_io_capability", "    def hicache_draft_io_capability"),
+            "not marked",
+        ),
         (('extra="forbid"', 'extra="allow"'), "forbid unknown fields"),
-        (("capabilities = Capabilities(v1=True, draft_io=DraftIoMode.GENERIC)", "capabilities = None"), "capabilities"),
-        (("def hicache_batch_io_v1(self, op, keys, buffers)", "def hicache_batch_io_v1(self, op, key, buffers)"), "['key']"),
+        (
+            ("capabilities = Capabilities(v1=True, draft_io=DraftIoMode.GENERIC)", "capabilities = None"),
+            "capabilities",
+        ),
+        (
+            (
+                "def hicache_batch_io_v1(self, op, keys, buffers)",
+                "def hicache_batch_io_v1(self, op, key, buffers)",
+            ),
+            "['key']",
+        ),
         (("        size: int = 1", "        size: int"), "defaults"),
         (("def __init__(self, config, options)", "def __init__(self)"), "(config, options)"),
     ],
 )
-def test_contract_violations_are_refused_at_load(tmp_path: Path, mutation: tuple[str, str], expected: str) -> None:
+def test_contract_violations_are_refused_at_load(
+    tmp_path: Path, mutation: tuple[str, str], expected: str
+) -> None:
     old, new = mutation
     assert old in GOOD
     with _install(tmp_path, GOOD.replace(old, new)):
@@ -124,26 +140,32 @@ def test_contract_violations_are_refused_at_load(tmp_path: Path, mutation: tuple
 
 
 def test_missing_required_hook(tmp_path: Path) -> None:
-    source = GOOD.replace("capabilities = Capabilities(v1=True,", "capabilities = Capabilities(v1=True, v2=True,")
+    source = GOOD.replace(
+        "capabilities = Capabilities(v1=True,", "capabilities = Capabilities(v1=True, v2=True,"
+    )
     with _install(tmp_path, source):
         with pytest.raises(hc.BackendContractError, match="hicache_batch_io_v2"):
             hc.load_backend_class("thing")
 
 
 def test_same_name_from_two_distributions_is_ambiguous(tmp_path: Path) -> None:
-    with _install(tmp_path / "a", GOOD, module="mod_a", dist="acme-a"), _install(
-        tmp_path / "b", GOOD, module="mod_b", dist="acme-b"
+    with (
+        _install(tmp_path / "a", GOOD, module="mod_a", dist="acme-a"),
+        _install(tmp_path / "b", GOOD, module="mod_b", dist="acme-b"),
     ):
         with pytest.raises(hc.BackendContractError, match="several distributions"):
             hc.load_backend_class("thing")
 
 
 def test_availability_reason_blocks_open(tmp_path: Path) -> None:
-    source = GOOD + '''
+    source = (
+        GOOD
+        + """
     @classmethod
     def availability(cls):
         return "needs the vendor SDK (acme-sdk; pip install acme-sdk)"
-'''
+"""
+    )
     with _install(tmp_path, source):
         row = _registry.describe_backend("thing")
         assert row["status"].startswith("unavailable: needs the vendor SDK")
@@ -174,9 +196,15 @@ def test_store_opens_and_validates_results(tmp_path: Path) -> None:
 
 
 def test_wrong_result_shapes_are_contract_errors(tmp_path: Path) -> None:
-    for body, needle in (("return None", "returned None"), ("return [True]", "exactly 2 bools"), ("return [1, 0]", "exactly 2")):
+    for body, needle in (
+        ("return None", "returned None"),
+        ("return [True]", "exactly 2 bools"),
+        ("return [1, 0]", "exactly 2"),
+    ):
         src = GOOD.replace("return [False] * len(keys)", body)
-        with _install(tmp_path / body.replace(" ", "_").replace("[", "").replace("]", "").replace(",", ""), src):
+        with _install(
+            tmp_path / body.replace(" ", "_").replace("[", "").replace("]", "").replace(",", ""), src
+        ):
             with hc.open_store(hc.StorageConfig(backend="thing")) as store:
                 with pytest.raises(hc.BackendContractError, match=needle.split()[0]):
                     store.batch_io_v1("exists", ["a", "b"])

@@ -24,7 +24,9 @@ class MemoryBackend:
         fail_pools: list[str] = []
         raise_on: list[str] = []
 
-    capabilities = Capabilities(v1=True, v2=True, persistent=False, shared=False, draft_io=DraftIoMode.GENERIC)
+    capabilities = Capabilities(
+        v1=True, v2=True, persistent=False, shared=False, draft_io=DraftIoMode.GENERIC
+    )
     draft_mode = DraftIoMode.GENERIC
 
     def __init__(self, config, options) -> None:
@@ -60,7 +62,9 @@ class MemoryBackend:
                     if blob is None or len(blob) != buffers[i].numel():
                         out.append(False)
                         continue
-                    buffers[i].copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(buffers[i].shape))
+                    buffers[i].copy_(
+                        torch.frombuffer(bytearray(blob), dtype=torch.uint8).view(buffers[i].shape)
+                    )
                     out.append(True)
         return out
 
@@ -109,7 +113,9 @@ class ZeroCopyMemoryBackend(MemoryBackend):
 class NoDraftMemoryBackend(MemoryBackend):
     """v1 only, KV only, draft unsupported."""
 
-    capabilities = Capabilities(v1=True, v2=False, pools=frozenset({PoolName.KV}), draft_io=DraftIoMode.UNSUPPORTED)
+    capabilities = Capabilities(
+        v1=True, v2=False, pools=frozenset({PoolName.KV}), draft_io=DraftIoMode.UNSUPPORTED
+    )
     draft_mode = DraftIoMode.UNSUPPORTED
 
 

@@ -175,7 +175,7 @@ class _Proc:
         with self._lock:
             if self.running:
                 raise MooncakeProcessError(f"{self.name} is already running (pid {self.pid})")
-            log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+            log = open(self.log_path, "ab")
             try:
                 log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(argv)}\n".encode())
                 log.flush()

@@ -1,0 +1,318 @@
+"""File backend vs raw POSIX I/O, side by side in one run (issue 6, items 3 and 5).
+
+Throughput (``file_vs_raw_io``): backup then prefetch of N MHA ``page_first`` pages through the
+:class:`hicache_core.CacheController` on the ``file`` backend, against a raw loop doing
+``os.open``/``os.write``/``os.close`` then ``os.open``/``readinto``/``os.close`` of the same
+bytes (the same pool memory) into the same number of files. One stored object (one page
+component, K or V) is 16 KiB, 256 KiB or 2 MiB, so an MHA page is twice that. Both sides run
+in temp directories on the same filesystem, interleaved, best of ``reps``:
+
+* cold: a fresh, empty root (hicache also creates its shard directories);
+* warm: a second round of new pages in the same root (directories exist).
+
+ratio = hicache throughput / raw throughput (bytes moved / (write time + read time)); target
+>= 0.9; the headline is the worst case. The raw loop is single-threaded (that is "raw I/O");
+``raw_par`` shows the same loop on ``io_threads`` threads for reference.
+
+Exists (``exists_vs_raw``): ``controller.query`` of 1000 stored pages (2000 files) against a raw
+``os.stat`` loop over the same 2000 paths; ratio = hicache time / raw time, target <= 1.2.
+
+Run: ``python benchmarks/bench_file.py [--quick] [--json] [--dir DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from hicache_core import CacheController, MHAKVPool, StorageConfig, page_hashes
+
+KIB = 1024
+SIZES = (16 * KIB, 256 * KIB, 2048 * KIB)
+LAYERS, HEADS, HEAD_DIM = 16, 2, 64  # bf16: 256 bytes per token per layer
+TARGET_IO, TARGET_EXISTS = 0.9, 1.2
+_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+
+
+def _pool(obj_bytes: int, pages: int) -> MHAKVPool:
+    tokens = obj_bytes // (LAYERS * HEADS * HEAD_DIM * 2)
+    pool = MHAKVPool(pages, tokens, LAYERS, HEADS, HEAD_DIM, torch.bfloat16, layout="page_first")
+    for b in pool.buffers():
+        b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8))
+    assert pool.component_nbytes == (obj_bytes, obj_bytes)
+    return pool
+
+
+def _objects(pool: MHAKVPool) -> list[memoryview]:
+    """Every page component as a writable buffer over the pool (what raw I/O moves)."""
+    out = []
+    for i in range(pool.num_pages):
+        for b in pool.buffers():
+            out.append(memoryview(b[i].numpy()).cast("B"))
+    return out
+
+
+def _raw_write(paths: list[str], objs: list[memoryview], threads: int) -> None:
+    def part(lo: int, hi: int) -> None:
+        for p, o in zip(paths[lo:hi], objs[lo:hi]):
+            fd = os.open(p, _O_NEW, 0o644)
+            try:
+                os.write(fd, o)
+            finally:
+                os.close(fd)
+
+    _split(part, len(paths), threads)
+
+
+def _raw_read(paths: list[str], objs: list[memoryview], threads: int) -> None:
+    def part(lo: int, hi: int) -> None:
+        for p, o in zip(paths[lo:hi], objs[lo:hi]):
+            with open(p, "rb", buffering=0) as f:
+                if f.readinto(o) != len(o):
+                    raise RuntimeError(f"short read of {p}")
+
+    _split(part, len(paths), threads)
+
+
+def _split(fn: Callable[[int, int], None], n: int, threads: int) -> None:
+    if threads <= 1:
+        fn(0, n)
+        return
+    bounds = [n * i // threads for i in range(threads + 1)]
+    with ThreadPoolExecutor(threads) as ex:
+        for f in [ex.submit(fn, bounds[i], bounds[i + 1]) for i in range(threads)]:
+            f.result()
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class _Case:
+    """One object size: a pool, hashes for two rounds, and best times of each contender."""
+
+    def __init__(self, base: str, obj_bytes: int, total_bytes: int, threads: int) -> None:
+        self.obj_bytes = obj_bytes
+        self.pages = max(8, total_bytes // (2 * obj_bytes))
+        self.pool = _pool(obj_bytes, self.pages)
+        self.ref = [b.clone() for b in self.pool.buffers()]
+        self.objs = _objects(self.pool)
+        self.base = base
+        self.threads = threads
+        self.best: dict[tuple[str, str], float] = {}
+        self.seq = 0
+
+    def _record(self, who: str, phase: str, seconds: float) -> None:
+        key = (who, phase)
+        self.best[key] = min(self.best.get(key, float("inf")), seconds)
+
+    def _fresh_hashes(self) -> list[str]:
+        self.seq += 1
+        start = self.seq * 1_000_000  # distinct tokens -> distinct page hashes per round
+        return page_hashes(list(range(start, start + self.pages * 4)), 4)
+
+    def run_hicache(self) -> None:
+        root = tempfile.mkdtemp(prefix="hc-", dir=self.base)
+        cfg = StorageConfig(
+            backend="file",
+            options={"root": root, "io_threads": self.threads},
+            model_name=f"bench-{self.obj_bytes}",
+        )
+        idx = list(range(self.pages))
+        try:
+            with CacheController(cfg, self.pool) as ctl:
+                for phase in ("cold", "warm"):
+                    hashes = self._fresh_hashes()
+                    gc.collect()
+                    tw = _timed(lambda h=hashes: _check(ctl.backup(h, idx).pages == self.pages, "backup"))
+                    for b in self.pool.buffers():
+                        b.zero_()
+                    tr = _timed(lambda h=hashes: _check(ctl.prefetch(h, idx).pages == self.pages, "prefetch"))
+                    _check(all(torch.equal(a, b) for a, b in zip(self.ref, self.pool.buffers())), "bytes")
+                    self._record("hicache", phase, tw + tr)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def run_raw(self, threads: int, who: str) -> None:
+        root = tempfile.mkdtemp(prefix="raw-", dir=self.base)
+        try:
+            for phase in ("cold", "warm"):
+                paths = [f"{root}/{phase}-{i:07d}" for i in range(len(self.objs))]
+                gc.collect()
+                tw = _timed(lambda p=paths: _raw_write(p, self.objs, threads))
+                for b in self.pool.buffers():
+                    b.zero_()
+                tr = _timed(lambda p=paths: _raw_read(p, self.objs, threads))
+                _check(all(torch.equal(a, b) for a, b in zip(self.ref, self.pool.buffers())), "raw bytes")
+                self._record(who, phase, tw + tr)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+
+    def rows(self) -> list[dict[str, Any]]:
+        nbytes = 2 * self.obj_bytes * self.pages * 2  # written once + read once
+        out = []
+        for phase in ("cold", "warm"):
+            h, r = self.best[("hicache", phase)], self.best[("raw", phase)]
+            rp = self.best.get(("raw_par", phase))
+            out.append(
+                {
+                    "object_kib": self.obj_bytes // KIB,
+                    "phase": phase,
+                    "files": 2 * self.pages,
+                    "hicache_gbps": nbytes / h / 1e9,
+                    "raw_gbps": nbytes / r / 1e9,
+                    "raw_par_gbps": nbytes / rp / 1e9 if rp else None,
+                    "ratio": r / h,
+                    "ratio_vs_raw_par": rp / h if rp else None,
+                }
+            )
+        return out
+
+
+def _check(ok: bool, what: str) -> None:
+    if not ok:
+        raise RuntimeError(f"bench_file: {what} check failed")
+
+
+def bench_io(base: str, quick: bool, threads: int) -> dict[str, Any]:
+    total = (48 if quick else 192) * 1024 * KIB
+    reps = 3 if quick else 5
+    rows: list[dict[str, Any]] = []
+    for size in SIZES:
+        case = _Case(base, size, total, threads)
+        for _ in range(reps):  # interleaved so noise hits every contender alike
+            case.run_raw(1, "raw")
+            case.run_hicache()
+            if threads > 1:
+                case.run_raw(threads, "raw_par")
+        rows += case.rows()
+    worst = min(rows, key=lambda r: r["ratio"])
+    return {
+        "ratio": round(worst["ratio"], 3),
+        "target": TARGET_IO,
+        "meets_target": worst["ratio"] >= TARGET_IO,
+        "worst_case": f"{worst['object_kib']} KiB {worst['phase']}",
+        "io_threads": threads,
+        "reps": reps,
+        "cases": rows,
+    }
+
+
+def bench_exists(base: str, quick: bool) -> dict[str, Any]:
+    pages = 1000
+    root = tempfile.mkdtemp(prefix="hc-exists-", dir=base)
+    pool = MHAKVPool(pages, 1, 1, 1, 8, torch.bfloat16)
+    cfg = StorageConfig(backend="file", options={"root": root})
+    reps = 30 if quick else 100
+    try:
+        with CacheController(cfg, pool) as ctl:
+            hashes = page_hashes(list(range(pages)), 1)
+            _check(ctl.backup(hashes, list(range(pages))).pages == pages, "exists backup")
+            backend = ctl.store.backend
+            paths = [backend.path_of(k) for ks in ctl.store.page_keys("kv", hashes) for k in ks]
+            stat, access, f_ok = os.stat, os.access, os.F_OK
+
+            def raw_stat() -> None:
+                for p in paths:
+                    stat(p)
+
+            def raw_access() -> None:
+                for p in paths:
+                    access(p, f_ok)
+
+            def query() -> None:
+                _check(ctl.query(hashes).pages == pages, "query")
+
+            best = {"hicache": float("inf"), "raw_stat": float("inf"), "raw_access": float("inf")}
+            fns = {"hicache": query, "raw_stat": raw_stat, "raw_access": raw_access}
+            gc.collect()
+            gc.disable()
+            try:
+                for _ in range(reps):
+                    for name, fn in fns.items():
+                        best[name] = min(best[name], _timed(fn))
+            finally:
+                gc.enable()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    ratio = best["hicache"] / best["raw_stat"]
+    return {
+        "ratio": round(ratio, 3),
+        "target": TARGET_EXISTS,
+        "meets_target": ratio <= TARGET_EXISTS,
+        "pages": pages,
+        "files": len(paths),
+        "hicache_us": best["hicache"] * 1e6,
+        "raw_stat_us": best["raw_stat"] * 1e6,
+        "raw_access_us": best["raw_access"] * 1e6,
+        "ratio_vs_raw_access": round(best["hicache"] / best["raw_access"], 3),
+        "reps": reps,
+    }
+
+
+def run(quick: bool = False, base: str | None = None) -> dict[str, Any]:
+    """Both benchmarks; returns ``{"file_vs_raw_io": {...}, "exists_vs_raw": {...}}``."""
+    threads = max(2, min(4, os.cpu_count() or 1))
+    work = tempfile.mkdtemp(prefix="hicache-bench-file-", dir=base)
+    try:
+        return {
+            "file_vs_raw_io": bench_io(work, quick, threads),
+            "exists_vs_raw": bench_exists(work, quick),
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _table(res: dict[str, Any]) -> str:
+    io, ex = res["file_vs_raw_io"], res["exists_vs_raw"]
+    lines = [
+        f"file backend vs raw I/O (MHA page_first, backup+prefetch, best of {io['reps']}, "
+        f"io_threads={io['io_threads']})",
+        f"{'object':>8} {'phase':>5} {'files':>6} {'hicache GB/s':>13} {'raw GB/s':>9} "
+        f"{'raw_par GB/s':>13} {'ratio':>6} {'vs par':>7}",
+    ]
+    for r in io["cases"]:
+        par = r["raw_par_gbps"]
+        lines.append(
+            f"{r['object_kib']:>5}KiB {r['phase']:>5} {r['files']:>6} {r['hicache_gbps']:>13.2f} "
+            f"{r['raw_gbps']:>9.2f} {par if par is not None else float('nan'):>13.2f} "
+            f"{r['ratio']:>6.2f} {r['ratio_vs_raw_par'] or float('nan'):>7.2f}"
+        )
+    lines.append(
+        f"file_vs_raw_io: ratio {io['ratio']:.3f} (worst case: {io['worst_case']}; target >= "
+        f"{io['target']}) -> {'OK' if io['meets_target'] else 'MISSED'}"
+    )
+    lines.append(
+        f"exists_vs_raw: {ex['pages']}-page query ({ex['files']} files) {ex['hicache_us']:.0f} us vs "
+        f"raw os.stat loop {ex['raw_stat_us']:.0f} us (raw os.access loop {ex['raw_access_us']:.0f} us): "
+        f"ratio {ex['ratio']:.3f} (target <= {ex['target']}) -> {'OK' if ex['meets_target'] else 'MISSED'}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller run (< 30 s)")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.add_argument("--dir", default=None, help="parent directory for the temp roots")
+    args = parser.parse_args(argv)
+    res = run(args.quick, args.dir)
+    print(json.dumps(res, indent=2) if args.json else _table(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

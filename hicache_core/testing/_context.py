@@ -1,0 +1,280 @@
+"""``SuiteContext``: the per-test handle on the backend under test (the ``hc`` fixture).
+
+It opens stores and controllers on the test's isolated options (and closes them at teardown),
+turns capabilities into skips, and moves pages with the public API exactly as a backend user
+would: ``open_store``, ``Store.page_keys`` / ``batch_io_v1`` / ``batch_io_v2`` and
+``CacheController``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import torch
+
+from hicache_core import (
+    CacheController,
+    Capabilities,
+    HostPool,
+    HostPoolGroup,
+    IoOp,
+    PoolName,
+    PoolTransfer,
+    StorageConfig,
+    Store,
+    open_store,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._base import SuiteBase
+
+__all__ = ["SENTINEL", "SuiteContext", "default_page_bytes", "expect_flags", "tensor_digest"]
+
+SENTINEL = 0xA5
+"""Destination buffers are filled with this byte before every ``get``."""
+
+PoolSpec = tuple[PoolName, HostPool, Sequence[str], Sequence[int]]
+"""``(pool name, pool, page hashes, host indices)``: one pool's share of a raw I/O call."""
+
+
+def default_page_bytes(page_hash: str, component: str, nbytes: int, salt: int = 0) -> torch.Tensor:
+    """Deterministic pseudo-random bytes for one page component (same inputs, same bytes)."""
+    digest = hashlib.blake2b(f"{page_hash}|{component}|{salt}".encode(), digest_size=8).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+    return torch.randint(0, 256, (nbytes,), generator=gen, dtype=torch.uint8)
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    """sha256 of a uint8 tensor's bytes in logical (row-major) order."""
+    flat = t.contiguous().view(-1)
+    return hashlib.sha256(bytes(flat.tolist())).hexdigest()
+
+
+class SuiteContext:
+    """Everything one conformance test needs about the backend under test.
+
+    Attributes: ``name`` (entry-point name), ``cls`` (backend class), ``caps``
+    (``cls.capabilities``), ``options`` (the isolated options of this test) and ``model_name``
+    (unique per test, so tests never see each other's pages even on shared storage).
+    """
+
+    def __init__(self, suite: SuiteBase, name: str, cls: type, options: dict[str, Any], *, isolated: bool) -> None:
+        self.suite = suite
+        self.name = name
+        self.cls = cls
+        self.caps: Capabilities = cls.capabilities  # type: ignore[attr-defined]
+        self.options = options
+        self.isolated = isolated
+        self.model_name = f"conformance-{uuid.uuid4().hex[:12]}"
+        self._stores: list[Store] = []
+        self._controllers: list[CacheController] = []
+
+    # ----------------------------------------------------------- capabilities
+    def require(self, capability: str) -> None:
+        """Skip the test unless the backend declares ``capabilities.<capability>``."""
+        value = getattr(self.caps, capability)
+        if not value:
+            pytest.skip(f"backend {self.name!r} does not declare capabilities.{capability} (={value!r})")
+
+    def require_pool(self, *pools: PoolName) -> None:
+        """Skip the test unless every pool is in ``capabilities.pools``."""
+        missing = [p.value for p in pools if p not in self.caps.pools]
+        if missing:
+            supported = sorted(p.value for p in self.caps.pools)
+            pytest.skip(f"backend {self.name!r} does not declare pool(s) {missing} in capabilities.pools {supported}")
+
+    def require_hook(self, hook: str) -> None:
+        """Skip the test unless the backend implements the optional hook ``hook``."""
+        if not callable(getattr(self.cls, hook, None)):
+            pytest.skip(f"backend {self.name!r} does not implement the optional hook {hook}")
+
+    def declared(self, capability: str, detail: str) -> str:
+        """An assertion message for a declared capability that is not honoured."""
+        value = getattr(self.caps, capability)
+        return f"backend {self.name!r} declares capabilities.{capability}={value!r} but does not honour it: {detail}"
+
+    @property
+    def path(self) -> str:
+        """The raw I/O path used by path-independent tests: ``"v1"`` when declared, else ``"v2"``."""
+        return "v1" if self.caps.v1 else "v2"
+
+    # ------------------------------------------------------- stores and pools
+    def config(self, **overrides: Any) -> StorageConfig:
+        """A :class:`StorageConfig` for the backend under test, on this test's options."""
+        data: dict[str, Any] = {"backend": self.name, "options": self.options, "model_name": self.model_name}
+        data.update(overrides)
+        return StorageConfig(**data)
+
+    def open(self, **overrides: Any) -> Store:
+        """``open_store`` on this test's config; closed (after ``clear`` if needed) at teardown."""
+        store = open_store(self.config(**overrides))
+        self._stores.append(store)
+        return store
+
+    def controller(self, pools: HostPoolGroup | HostPool, *, store: Store | None = None, **overrides: Any) -> CacheController:
+        """A :class:`CacheController` attaching ``pools``; closed at teardown."""
+        ctl = CacheController(self.config(**overrides), pools, store=store)
+        self._controllers.append(ctl)
+        if store is None:
+            self._stores.append(ctl.store)
+        return ctl
+
+    def kv_store(self, kind: str, num_pages: int, **overrides: Any) -> tuple[Store, HostPool]:
+        """Open a store and register a fresh KV pool (``kind`` is ``"mha"`` or ``"mla"``)."""
+        layout = overrides.get("layout", "page_first")
+        store = self.open(is_mla_model=kind == "mla", **overrides)
+        pool = self.suite.make_kv_pool(kind, num_pages, layout=layout)
+        store.register_pool(PoolName.KV, pool)
+        return store, pool
+
+    def close(self) -> None:
+        """Close every controller and store this test opened (clearing shared namespaces)."""
+        errors: list[str] = []
+        for ctl in reversed(self._controllers):
+            try:
+                ctl.close()
+            except Exception as err:  # teardown must close everything it can
+                errors.append(f"CacheController.close: {type(err).__name__}: {err}")
+        cleared: set[str] = set()
+        has_clear = callable(getattr(self.cls, "hicache_clear", None))
+        for store in reversed(self._stores):
+            if store.closed:
+                continue
+            namespace = store.keys.scheme.namespace
+            if has_clear and not self.isolated and namespace not in cleared:
+                cleared.add(namespace)
+                try:
+                    store.clear()
+                except Exception as err:
+                    errors.append(f"Store.clear: {type(err).__name__}: {err}")
+            try:
+                store.close()
+            except Exception as err:
+                errors.append(f"Store.close: {type(err).__name__}: {err}")
+        self._controllers.clear()
+        self._stores.clear()
+        if errors:
+            pytest.fail(f"backend {self.name!r} failed to clean up: " + "; ".join(errors), pytrace=False)
+
+    # ------------------------------------------------------------------ bytes
+    def fill(self, pool: HostPool, indices: Sequence[int], hashes: Sequence[str], salt: int = 0) -> None:
+        """Write the expected bytes of ``hashes[i]`` into host page ``indices[i]`` of ``pool``."""
+        for views, page_hash in zip(pool.page_views(indices), hashes):
+            for comp, view in zip(pool.components, views):
+                data = self.suite.page_bytes(page_hash, comp, view.numel(), salt)
+                view.copy_(data.view(view.shape))
+
+    @staticmethod
+    def sentinel(pool: HostPool, indices: Sequence[int]) -> None:
+        """Fill host pages with :data:`SENTINEL` (a get that copies nothing is caught)."""
+        for views in pool.page_views(indices):
+            for view in views:
+                view.fill_(SENTINEL)
+
+    def component_matches(
+        self, pool: HostPool, indices: Sequence[int], hashes: Sequence[str], salt: int = 0
+    ) -> list[list[bool]]:
+        """Per page, per component: does the host page hold the expected bytes?"""
+        out = []
+        for views, page_hash in zip(pool.page_views(indices), hashes):
+            row = []
+            for comp, view in zip(pool.components, views):
+                expected = self.suite.page_bytes(page_hash, comp, view.numel(), salt)
+                row.append(bool(torch.equal(view.reshape(-1), expected)))
+            out.append(row)
+        return out
+
+    def matches(self, pool: HostPool, indices: Sequence[int], hashes: Sequence[str], salt: int = 0) -> list[bool]:
+        """Per page: does every component hold the expected bytes?"""
+        return [all(r) for r in self.component_matches(pool, indices, hashes, salt)]
+
+    # ---------------------------------------------------------------- raw I/O
+    def keys_and_views(
+        self, store: Store, pool_name: PoolName, pool: HostPool, hashes: Sequence[str], indices: Sequence[int]
+    ) -> tuple[list[str], list[torch.Tensor]]:
+        """Flat component keys and host views (component order) of the given pages."""
+        keys = [k for page in store.page_keys(pool_name, list(hashes)) for k in page]
+        views = [v for page in pool.page_views(indices) for v in page]
+        return keys, views
+
+    def v1(
+        self,
+        store: Store,
+        op: IoOp,
+        pool_name: PoolName,
+        pool: HostPool,
+        hashes: Sequence[str],
+        indices: Sequence[int],
+    ) -> list[bool]:
+        """Raw ``batch_io_v1`` over the pages' component keys: one bool per *key*."""
+        keys, views = self.keys_and_views(store, pool_name, pool, hashes, indices)
+        return store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)
+
+    def v2(self, store: Store, op: IoOp, specs: Sequence[PoolSpec]) -> list[list[bool]]:
+        """Raw ``batch_io_v2``: one :class:`PoolTransfer` per spec, one bool per page."""
+        transfers = []
+        for pool_name, pool, hashes, indices in specs:
+            keys = store.page_keys(pool_name, list(hashes)) if hashes else []
+            transfers.append(PoolTransfer(pool_name, tuple(indices), tuple(hashes), pool.hit_policy, keys))
+        return store.batch_io_v2(op, transfers)
+
+    def raw(
+        self,
+        store: Store,
+        op: IoOp,
+        pool_name: PoolName,
+        pool: HostPool,
+        hashes: Sequence[str],
+        indices: Sequence[int],
+        path: str | None = None,
+    ) -> list[bool]:
+        """Raw I/O on the given path (default :attr:`path`): one bool per *page*."""
+        if (path or self.path) == "v2":
+            return self.v2(store, op, [(pool_name, pool, hashes, indices)])[0]
+        flat = self.v1(store, op, pool_name, pool, hashes, indices)
+        n = len(pool.components)
+        return [all(flat[i : i + n]) for i in range(0, len(flat), n)]
+
+    def write(
+        self,
+        store: Store,
+        pool_name: PoolName,
+        pool: HostPool,
+        hashes: Sequence[str],
+        indices: Sequence[int],
+        salt: int = 0,
+        path: str | None = None,
+    ) -> None:
+        """Fill host pages with the expected bytes and ``set`` them; every page must succeed."""
+        self.fill(pool, indices, hashes, salt)
+        ok = self.raw(store, IoOp.SET, pool_name, pool, hashes, indices, path)
+        assert all(ok), f"set of {len(hashes)} fresh {pool_name.value} pages reported {ok.count(False)} failures: {ok}"
+
+    def read(
+        self,
+        store: Store,
+        pool_name: PoolName,
+        pool: HostPool,
+        hashes: Sequence[str],
+        indices: Sequence[int],
+        path: str | None = None,
+    ) -> list[bool]:
+        """Sentinel-fill host pages and ``get`` them; returns the per-page flags."""
+        self.sentinel(pool, indices)
+        return self.raw(store, IoOp.GET, pool_name, pool, hashes, indices, path)
+
+
+def expect_flags(got: Sequence[bool], expected: Sequence[bool], what: str) -> None:
+    """Assert per-entry flags, naming the first mismatching positions in the message."""
+    got_l, exp_l = list(got), list(expected)
+    if got_l == exp_l:
+        return
+    if len(got_l) != len(exp_l):
+        raise AssertionError(f"{what}: {len(got_l)} results for {len(exp_l)} entries: {got_l[:20]}")
+    bad = [i for i, (g, e) in enumerate(zip(got_l, exp_l)) if g != e]
+    shown = ", ".join(f"#{i}: got {got_l[i]} expected {exp_l[i]}" for i in bad[:8])
+    raise AssertionError(f"{what}: {len(bad)} of {len(exp_l)} entries wrong ({shown})")

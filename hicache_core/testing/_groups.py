@@ -1,0 +1,43 @@
+"""The named test groups of the conformance suite (stable public API, import-light).
+
+A test belongs to the group named by the first word after ``test_`` in its function name:
+``test_v1_roundtrip[mha-13]`` is in group ``v1``. ``hicache check`` summarises results per
+group and CONTRIBUTING.md lists every test by group.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["GROUPS", "group_of"]
+
+GROUPS: dict[str, str] = {
+    "discovery": "the entry point resolves to the backend class; distribution metadata matches",
+    "contract": "Options forbids extras; capabilities well-formed; draft hook matches draft_io; safe keys",
+    "v1": "hicache_batch_io_v1 exists/get/set for MHA (2 components) and MLA (1); 0/1/13/300 pages",
+    "v2": "hicache_batch_io_v2 for KV, KV+MAMBA (trailing pages), KV+INDEXER (all pages), DRAFT",
+    "pools": "multi-pool backup/query/prefetch through CacheController; store-allocated pools",
+    "draft": "draft KV offload through the declared draft_io mode",
+    "prefix": "exists reports each page; a hole ends the restorable prefix",
+    "idempotent": "re-setting a page keeps its bytes; never a mix of old and new",
+    "partial": "per-page results when only some pages of a batch succeed",
+    "isolation": "tp ranks (MHA), shared MLA ranks, model / dtype / layout / pp / cp / pool / draft",
+    "bytes": "exact bytes after get; get writes only its own destination",
+    "clear": "hicache_clear removes only its namespace",
+    "persistence": "data survives close + reopen (capabilities.persistent)",
+    "shared": "data is visible to another process (capabilities.shared)",
+    "concurrency": "threads backing up and prefetching overlapping pages",
+    "errors": "bad input raises typed hicache errors",
+    "stateful": "a hypothesis state machine compared with a dict model",
+}
+
+_NAME_RE = re.compile(r"test_([a-z0-9]+)")
+
+
+def group_of(test_name: str) -> str:
+    """The group of a test function or node name (``"other"`` if it is not a suite test)."""
+    base = test_name.rsplit("::", 1)[-1].split("[", 1)[0]
+    m = _NAME_RE.match(base)
+    if m is None or m.group(1) not in GROUPS:
+        return "other"
+    return m.group(1)

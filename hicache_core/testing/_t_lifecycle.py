@@ -1,0 +1,241 @@
+"""Groups ``persistence``, ``shared``, ``concurrency`` and ``errors``."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import pytest
+
+from hicache_core import (
+    BackendNotFoundError,
+    BatchShapeError,
+    HiCacheError,
+    IoOp,
+    KeyFormatError,
+    MHAKVPool,
+    PoolError,
+    PoolName,
+    PoolTransfer,
+    open_store,
+)
+
+from ._base import SuiteBase
+from ._context import SuiteContext, expect_flags, tensor_digest
+
+__all__ = ["LifecycleTests"]
+
+KV = PoolName.KV
+CHILD_TIMEOUT_S = 120
+
+
+class LifecycleTests(SuiteBase):
+    """Reopen, a second process, threads, and bad input."""
+
+    # ------------------------------------------------------------ persistence
+    def test_persistence_reopen(self, hc: SuiteContext) -> None:
+        """Pages survive closing the store and opening a new one on the same options."""
+        hc.require("persistent")
+        n = 13
+        store, pool = hc.kv_store("mha", n)
+        hashes, idx = self.make_page_hashes(n), list(range(n))
+        hc.write(store, KV, pool, hashes, idx)
+        store.close()
+        again, pool2 = hc.kv_store("mha", n)
+        found = hc.raw(again, IoOp.EXISTS, KV, pool2, hashes, idx)
+        assert all(found), hc.declared("persistent", f"{found.count(False)} of {n} pages missing after reopen")
+        got = hc.read(again, KV, pool2, hashes, idx)
+        assert all(got), hc.declared("persistent", f"get after reopen: {got}")
+        expect_flags(hc.matches(pool2, idx, hashes), [True] * n, "bytes after reopen")
+        again.close()
+        ctl = hc.controller(self.make_kv_pool("mha", n))
+        assert ctl.query(hashes).pages == n, hc.declared("persistent", "a new controller cannot see the pages")
+
+    # ----------------------------------------------------------------- shared
+    def test_shared_two_processes(self, hc: SuiteContext) -> None:
+        """Another process opening the same backend + options reads our pages, and we read its pages."""
+        hc.require("shared")
+        n = 6
+        geo = {
+            "page_size": self.page_size,
+            "num_layers": self.num_layers,
+            "num_heads": self.num_heads,
+            "head_dim": self.head_dim,
+            "dtype": str(self.kv_dtype).removeprefix("torch."),
+        }
+        pool = MHAKVPool(2 * n, self.page_size, self.num_layers, self.num_heads, self.head_dim, self.kv_dtype)
+        store = hc.open()
+        store.register_pool(KV, pool)
+        ours, theirs = self.make_page_hashes(n), self.make_page_hashes(n, salt=1)
+        idx = list(range(n))
+        hc.write(store, KV, pool, ours, idx)
+        expected = [[tensor_digest(v) for v in views] for views in pool.page_views(idx)]
+        request = {
+            "config": hc.config().model_dump(mode="json"),
+            "geometry": geo,
+            "read": ours,
+            "write": theirs,
+        }
+        reply = _run_child(request)
+        assert reply["exists"] == [True] * n, hc.declared("shared", f"the other process sees {reply['exists']}")
+        assert reply["get"] == [True] * n, hc.declared("shared", f"the other process got {reply['get']}")
+        assert reply["read_digests"] == expected, hc.declared("shared", "the other process read different bytes")
+        assert reply["set"] == [True] * n, f"the other process failed to write: {reply['set']}"
+        dst = list(range(n, 2 * n))
+        got = hc.read(store, KV, pool, theirs, dst)
+        assert got == [True] * n, hc.declared("shared", f"pages written by the other process: get {got}")
+        digests = [[tensor_digest(v) for v in views] for views in pool.page_views(dst)]
+        assert digests == reply["write_digests"], hc.declared("shared", "pages written by the other process differ")
+
+    # ------------------------------------------------------------ concurrency
+    def test_concurrency_backup_prefetch(self, hc: SuiteContext) -> None:
+        """Threads back up and prefetch overlapping pages; every reported page is byte-exact."""
+        n, workers, rounds = 24, 4, 4
+        kv = self.make_kv_pool("mha", n * (workers + 1))
+        ctl = hc.controller(kv, io_threads=4, batch_pages=8)
+        hashes = self.make_page_hashes(n)
+        hc.fill(kv, range(n), hashes)
+        problems: list[str] = []
+
+        def worker(t: int) -> None:
+            rng = random.Random(t)
+            base = n * (t + 1)
+            try:
+                for _ in range(rounds):
+                    a = rng.randrange(0, n // 2)
+                    b = rng.randrange(a + 1, n + 1)
+                    pending = ctl.backup_async(hashes[a:b], list(range(a, b)))
+                    k = rng.randrange(1, n + 1)
+                    dst = list(range(base, base + k))
+                    hc.sentinel(kv, dst)
+                    res = ctl.prefetch_async(hashes[:k], dst).result()
+                    if not all(hc.matches(kv, dst[: res.pages], hashes[: res.pages])):
+                        problems.append(f"thread {t}: prefetch reported {res.pages} pages with wrong bytes")
+                    done = pending.result(timeout=60)
+                    if done.errors or done.pages != b - a:
+                        problems.append(f"thread {t}: backup of pages {a}..{b}: {done}")
+            except Exception as err:  # reported below; a worker must never die silently
+                problems.append(f"thread {t}: {type(err).__name__}: {err}")
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(workers)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        assert not any(th.is_alive() for th in threads), "a worker thread hung"
+        assert not problems, "; ".join(problems[:5])
+        assert ctl.backup(hashes, list(range(n))).pages == n
+        assert ctl.query(hashes).pages == n
+        dst = list(range(n, 2 * n))
+        hc.sentinel(kv, dst)
+        assert ctl.prefetch(hashes, dst).pages == n
+        expect_flags(hc.matches(kv, dst, hashes), [True] * n, "bytes after the concurrent phase")
+
+    def test_concurrency_raw_threads(self, hc: SuiteContext) -> None:
+        """Threads calling set/exists/get on one store at once get correct per-page results."""
+        n, workers = 16, 4
+        store, pool = hc.kv_store("mha", n * (workers + 1))
+        hashes = self.make_page_hashes(n)
+        hc.fill(pool, range(n), hashes)
+        problems: list[str] = []
+
+        def worker(t: int) -> None:
+            rng = random.Random(100 + t)
+            base = n * (t + 1)
+            try:
+                for _ in range(4):
+                    sel = sorted(rng.sample(range(n), rng.randrange(1, n)))
+                    sh = [hashes[i] for i in sel]
+                    if not all(hc.raw(store, IoOp.SET, KV, pool, sh, sel)):
+                        problems.append(f"thread {t}: set failed")
+                    if not all(hc.raw(store, IoOp.EXISTS, KV, pool, sh, sel)):
+                        problems.append(f"thread {t}: pages just set do not exist")
+                    dst = [base + i for i in sel]
+                    hc.sentinel(pool, dst)
+                    ok = hc.raw(store, IoOp.GET, KV, pool, sh, dst)
+                    if not all(ok) or not all(hc.matches(pool, dst, sh)):
+                        problems.append(f"thread {t}: get {ok.count(False)} misses or wrong bytes")
+            except Exception as err:
+                problems.append(f"thread {t}: {type(err).__name__}: {err}")
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(workers)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=120)
+        assert not problems, "; ".join(problems[:5])
+
+    # ----------------------------------------------------------------- errors
+    def test_errors_bad_page_hash(self, hc: SuiteContext) -> None:
+        """Unsafe or malformed page hashes raise ``KeyFormatError`` (also from a key override)."""
+        store, pool = hc.kv_store("mha", 2)
+        ctl = hc.controller(self.make_kv_pool("mha", 2))
+        for bad in ("../etc", "a/b", "", "x" * 200, "a b", "a\x00b"):
+            with pytest.raises(KeyFormatError):
+                store.page_keys(KV, [bad])
+            with pytest.raises(KeyFormatError):
+                ctl.backup([bad], [0])
+        with pytest.raises(KeyFormatError):
+            store.page_keys(KV, [123])  # type: ignore[list-item]
+
+    def test_errors_batch_shape(self, hc: SuiteContext) -> None:
+        """Mismatched lengths and out-of-range host pages raise ``BatchShapeError``."""
+        store, pool = hc.kv_store("mha", 3)
+        hashes = self.make_page_hashes(3)
+        if hc.caps.v1:
+            keys, views = hc.keys_and_views(store, KV, pool, hashes, [0, 1, 2])
+            with pytest.raises(BatchShapeError):
+                store.batch_io_v1(IoOp.GET, keys, views[:-1])
+            with pytest.raises(BatchShapeError):
+                store.batch_io_v1(IoOp.SET, keys, None)
+        with pytest.raises(BatchShapeError):
+            PoolTransfer(KV, (0, 1), tuple(hashes))
+        ctl = hc.controller(self.make_kv_pool("mha", 3))
+        with pytest.raises(BatchShapeError):
+            ctl.backup(hashes, [0, 1])
+        with pytest.raises(BatchShapeError):
+            ctl.prefetch(hashes, [0, 1, 3])
+
+    def test_errors_unregistered_pool(self, hc: SuiteContext) -> None:
+        """I/O on a pool that was never registered (or is unsupported) raises ``PoolError``."""
+        store, _ = hc.kv_store("mha", 2)
+        hashes = self.make_page_hashes(2)
+        with pytest.raises(PoolError):
+            store.page_keys(PoolName.INDEXER, hashes)
+        if hc.caps.v2:
+            with pytest.raises(PoolError):
+                store.batch_io_v2(IoOp.EXISTS, [PoolTransfer(PoolName.INDEXER, (0, 1), tuple(hashes))])
+        unsupported = [p for p in PoolName if p not in hc.caps.pools]
+        if unsupported:
+            with pytest.raises(PoolError):
+                store.register_pool(unsupported[0], self.make_indexer_pool(2))
+
+    def test_errors_unknown_backend(self, hc: SuiteContext) -> None:
+        """An unknown backend name raises ``BackendNotFoundError`` listing this backend."""
+        with pytest.raises(BackendNotFoundError) as info:
+            open_store(hc.config(backend=hc.name + "-no-such-backend"))
+        assert hc.name in str(info.value)
+        assert isinstance(info.value, HiCacheError)
+
+
+def _run_child(request: dict[str, Any]) -> dict[str, Any]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "hicache_core.testing._child"],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=CHILD_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"the second process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    reply: dict[str, Any] = json.loads(proc.stdout)
+    return reply

@@ -1,0 +1,244 @@
+"""Groups ``prefix``, ``idempotent``, ``partial``, ``isolation``, ``bytes`` and ``clear``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hicache_core import DraftIoMode, HostPoolGroup, IoOp, PoolName
+
+from ._base import SuiteBase
+from ._context import SENTINEL, SuiteContext, expect_flags
+
+__all__ = ["SemanticsTests"]
+
+KV = PoolName.KV
+ISOLATION_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "model_name": ({}, {"model_name": "@other-model"}),
+    "kv_dtype": ({"kv_dtype": "bfloat16"}, {"kv_dtype": "float8_e4m3fn"}),
+    "layout": ({"layout": "page_first"}, {"layout": "layer_first"}),
+    "pp_rank": ({"pp_size": 2, "pp_rank": 0}, {"pp_size": 2, "pp_rank": 1}),
+    "attn_cp_rank": ({"attn_cp_size": 2, "attn_cp_rank": 0}, {"attn_cp_size": 2, "attn_cp_rank": 1}),
+}
+
+
+class SemanticsTests(SuiteBase):
+    """Prefix, idempotence, partial results, key isolation, exact bytes and clear."""
+
+    # ----------------------------------------------------------------- prefix
+    def _holed(self, hc: SuiteContext, n: int = 10, hole: int = 4) -> tuple[Any, Any, list[str]]:
+        kv = self.make_kv_pool("mha", 2 * n)
+        ctl = hc.controller(kv)
+        hashes = self.make_page_hashes(n)
+        hc.fill(kv, range(n), hashes)
+        keep = [i for i in range(n) if i != hole]
+        res = ctl.backup([hashes[i] for i in keep], keep)
+        assert res.ok, f"backup: {res}"
+        return ctl, kv, hashes
+
+    def test_prefix_hole_ends_prefix(self, hc: SuiteContext) -> None:
+        """With page 4 of 10 missing, query and prefetch report a 4-page prefix."""
+        ctl, kv, hashes = self._holed(hc)
+        assert ctl.query(hashes).pages == 4, "a missing page must end the restorable prefix"
+        dst = list(range(10, 20))
+        hc.sentinel(kv, dst)
+        res = ctl.prefetch(hashes, dst)
+        assert res.pages == 4, f"prefetch: {res}"
+        expect_flags(hc.matches(kv, dst[:4], hashes[:4]), [True] * 4, "prefix bytes")
+        assert ctl.query(hashes[5:]).pages == 5
+
+    def test_prefix_exists_reports_each_page(self, hc: SuiteContext) -> None:
+        """Raw ``exists`` reports every page's own fact (the hole only), never a count."""
+        ctl, kv, hashes = self._holed(hc)
+        flags = hc.raw(ctl.store, IoOp.EXISTS, KV, kv, hashes, list(range(10)), path=ctl.io_path)
+        expect_flags(flags, [True] * 4 + [False] + [True] * 5, "exists with a hole at page 4")
+
+    def test_prefix_first_page_missing(self, hc: SuiteContext) -> None:
+        """Nothing is restorable when the first page is missing."""
+        ctl, kv, hashes = self._holed(hc, hole=0)
+        assert ctl.query(hashes).pages == 0
+        assert ctl.prefetch(hashes, list(range(10, 20))).pages == 0
+
+    # ------------------------------------------------------------- idempotent
+    def test_idempotent_reset_keeps_bytes(self, hc: SuiteContext) -> None:
+        """Setting the same pages again succeeds and leaves their bytes unchanged."""
+        store, pool = hc.kv_store("mha", 13)
+        hashes, idx = self.make_page_hashes(13), list(range(13))
+        hc.write(store, KV, pool, hashes, idx)
+        hc.write(store, KV, pool, hashes, idx)
+        hc.write(store, KV, pool, hashes[:5], idx[:5])
+        expect_flags(hc.read(store, KV, pool, hashes, idx), [True] * 13, "get after re-set")
+        expect_flags(hc.matches(pool, idx, hashes), [True] * 13, "bytes after re-set")
+
+    def test_idempotent_reset_never_mixes(self, hc: SuiteContext) -> None:
+        """Re-setting a key with other bytes leaves either the old or the new object, whole."""
+        store, pool = hc.kv_store("mha", 6)
+        hashes, idx = self.make_page_hashes(6), list(range(6))
+        hc.write(store, KV, pool, hashes, idx, salt=1)
+        hc.write(store, KV, pool, hashes, idx, salt=2)
+        expect_flags(hc.read(store, KV, pool, hashes, idx), [True] * 6, "get after re-set")
+        old = hc.component_matches(pool, idx, hashes, salt=1)
+        new = hc.component_matches(pool, idx, hashes, salt=2)
+        whole = [o or n for po, pn in zip(old, new) for o, n in zip(po, pn)]
+        expect_flags(whole, [True] * len(whole), "each component holds the old or the new bytes")
+
+    # ---------------------------------------------------------------- partial
+    def test_partial_results_per_page(self, hc: SuiteContext) -> None:
+        """A batch mixing present and absent pages gets exact per-entry results and bytes."""
+        store, pool = hc.kv_store("mha", 8)
+        hashes, idx = self.make_page_hashes(8), list(range(8))
+        present = [0, 1, 3, 6]
+        hc.write(store, KV, pool, [hashes[i] for i in present], present)
+        expected = [i in present for i in idx]
+        for path in [p for p, ok in (("v1", hc.caps.v1), ("v2", hc.caps.v2)) if ok]:
+            expect_flags(hc.raw(store, IoOp.EXISTS, KV, pool, hashes, idx, path), expected, f"{path} exists")
+            expect_flags(hc.read(store, KV, pool, hashes, idx, path), expected, f"{path} get")
+            got = hc.matches(pool, present, [hashes[i] for i in present])
+            expect_flags(got, [True] * len(present), f"{path} bytes of the present pages")
+            if path == "v1":
+                flat = hc.v1(store, IoOp.GET, KV, pool, hashes, idx)
+                expect_flags(flat, [e for e in expected for _ in (0, 1)], "v1 get per component key")
+
+    def test_partial_multi_pool(self, hc: SuiteContext) -> None:
+        """One v2 call over two pools reports each pool's pages separately."""
+        hc.require("v2")
+        hc.require_pool(PoolName.INDEXER)
+        store, kv = hc.kv_store("mha", 4)
+        ix = self.make_indexer_pool(4)
+        store.register_pool(PoolName.INDEXER, ix)
+        hashes, idx = self.make_page_hashes(4), [0, 1, 2, 3]
+        hc.write(store, KV, kv, hashes, idx, path="v2")
+        specs = [(KV, kv, hashes, idx), (PoolName.INDEXER, ix, hashes, idx)]
+        assert hc.v2(store, IoOp.EXISTS, specs) == [[True] * 4, [False] * 4]
+        hc.sentinel(kv, idx)
+        assert hc.v2(store, IoOp.GET, specs) == [[True] * 4, [False] * 4]
+        expect_flags(hc.matches(kv, idx, hashes), [True] * 4, "kv bytes")
+
+    # -------------------------------------------------------------- isolation
+    def _roundtrip_pair(
+        self, hc: SuiteContext, a: dict[str, Any], b: dict[str, Any], kind: str = "mha", shared: bool = False
+    ) -> None:
+        n = 5
+        hashes = self.make_page_hashes(n)
+        src, dst = list(range(n)), list(range(n, 2 * n))
+        pool_a = self.make_kv_pool(kind, 2 * n, layout=a.get("layout", "page_first"))
+        pool_b = self.make_kv_pool(kind, 2 * n, layout=b.get("layout", "page_first"))
+        ctl_a = hc.controller(pool_a, is_mla_model=kind == "mla", **a)
+        ctl_b = hc.controller(pool_b, is_mla_model=kind == "mla", **b)
+        hc.fill(pool_a, src, hashes, salt=1)
+        assert ctl_a.backup(hashes, src).pages == n
+        seen = ctl_b.query(hashes).pages
+        if shared and seen == 0 and not (hc.caps.shared or hc.caps.persistent):
+            pytest.skip(
+                f"backend {hc.name!r} declares neither capabilities.shared nor capabilities.persistent, and "
+                "two stores in one process do not see each other's pages"
+            )
+        if shared:
+            assert seen == n, f"rank-replicated pages written by {a} must be visible to {b}"
+            hc.sentinel(pool_b, dst)
+            assert ctl_b.prefetch(hashes, dst).pages == n
+            expect_flags(hc.matches(pool_b, dst, hashes, salt=1), [True] * n, "shared bytes")
+            return
+        assert seen == 0, f"pages written under {a} are visible under {b}: keys collide"
+        hc.fill(pool_b, src, hashes, salt=2)
+        assert ctl_b.backup(hashes, src).pages == n
+        for ctl, pool, salt in ((ctl_a, pool_a, 1), (ctl_b, pool_b, 2)):
+            hc.sentinel(pool, dst)
+            assert ctl.prefetch(hashes, dst).pages == n
+            expect_flags(hc.matches(pool, dst, hashes, salt=salt), [True] * n, f"bytes of config salt={salt}")
+
+    def test_isolation_mha_tp_ranks(self, hc: SuiteContext) -> None:
+        """MHA pages differ per TP rank: rank 1 never sees (or overwrites) rank 0's pages."""
+        self._roundtrip_pair(hc, {"tp_size": 2, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1})
+
+    def test_isolation_mla_ranks_share(self, hc: SuiteContext) -> None:
+        """MLA KV is rank-replicated: rank 0 writes it and rank 1 reads the same pages."""
+        self._roundtrip_pair(hc, {"tp_size": 2, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1}, "mla", shared=True)
+
+    @pytest.mark.parametrize("field", list(ISOLATION_CASES))
+    def test_isolation_config(self, hc: SuiteContext, field: str) -> None:
+        """Configs differing in model, KV dtype, layout, pp rank or attn-cp rank never share pages."""
+        if field == "layout" and hc.caps.zero_copy and not hc.caps.v1:
+            pytest.skip(f"backend {hc.name!r} is zero-copy v2 only, which needs layout='page_first'")
+        a, b = (dict(d) for d in ISOLATION_CASES[field])
+        if b.get("model_name") == "@other-model":
+            b["model_name"] = hc.model_name + "-other"
+        self._roundtrip_pair(hc, a, b)
+
+    def test_isolation_pools(self, hc: SuiteContext) -> None:
+        """Pages of one pool are never visible as pages of another pool."""
+        store, kv = hc.kv_store("mha", 4)
+        others = {
+            PoolName.MAMBA: self.make_mamba_pool(4),
+            PoolName.INDEXER: self.make_indexer_pool(4),
+            PoolName.DRAFT: self.make_draft_pool(4),
+        }
+        others = {k: v for k, v in others.items() if k in hc.caps.pools}
+        if not others:
+            pytest.skip(f"backend {hc.name!r} declares only the 'kv' pool")
+        for name, pool in others.items():
+            store.register_pool(name, pool)
+        hashes, idx = self.make_page_hashes(4), [0, 1, 2, 3]
+        hc.write(store, KV, kv, hashes, idx)
+        for name, pool in others.items():
+            expect_flags(hc.raw(store, IoOp.EXISTS, name, pool, hashes, idx), [False] * 4, f"{name.value} exists")
+            hc.write(store, name, pool, hashes, idx, salt=5)
+        expect_flags(hc.read(store, KV, kv, hashes, idx), [True] * 4, "kv get")
+        expect_flags(hc.matches(kv, idx, hashes), [True] * 4, "kv bytes after writing other pools")
+
+    def test_isolation_draft(self, hc: SuiteContext) -> None:
+        """Draft pages live in their own key space: they never satisfy a target KV query."""
+        if hc.caps.draft_io is DraftIoMode.UNSUPPORTED:
+            pytest.skip(f"backend {hc.name!r} declares draft_io='unsupported'")
+        n = 5
+        kv, draft = self.make_kv_pool("mha", 2 * n), self.make_draft_pool(2 * n)
+        ctl = hc.controller(HostPoolGroup(kv, {PoolName.DRAFT: draft}))
+        hashes, src = self.make_page_hashes(n), list(range(n))
+        path = "v2" if hc.caps.draft_io is DraftIoMode.ZERO_COPY_V2 else "v1"
+        hc.write(ctl.store, PoolName.DRAFT, draft, hashes, src, salt=9, path=path)
+        assert ctl.query(hashes).pages == 0, "draft pages must not make target KV pages visible"
+        hc.fill(kv, src, hashes)
+        assert ctl.backup(hashes, src).pages == n
+        hc.sentinel(draft, src)
+        expect_flags(hc.raw(ctl.store, IoOp.GET, PoolName.DRAFT, draft, hashes, src, path), [True] * n, "draft get")
+        expect_flags(hc.matches(draft, src, hashes, salt=9), [True] * n, "draft bytes after the KV backup")
+
+    # ------------------------------------------------------------------ bytes
+    def test_bytes_exact_after_get(self, hc: SuiteContext) -> None:
+        """Every byte (all-zero, all-0xFF, random) reads back exactly; neighbours are untouched."""
+        store, pool = hc.kv_store("mha", 8)
+        hashes, idx = self.make_page_hashes(8), list(range(8))
+        hc.fill(pool, idx, hashes)
+        for value, page in ((0x00, 0), (0xFF, 1)):
+            for view in pool.page_views([page])[0]:
+                view.fill_(value)
+        assert all(hc.raw(store, IoOp.SET, KV, pool, hashes, idx))
+        expected = [[v.clone() for v in views] for views in pool.page_views(idx)]
+        wanted = [0, 1, 3, 6]
+        hc.sentinel(pool, idx)
+        assert all(hc.raw(store, IoOp.GET, KV, pool, [hashes[i] for i in wanted], wanted))
+        for i, views in zip(idx, pool.page_views(idx)):
+            for comp, view, exp in zip(pool.components, views, expected[i]):
+                if i in wanted:
+                    assert bool((view == exp).all()), f"page {i} component {comp!r}: bytes differ after get"
+                else:
+                    assert bool((view == SENTINEL).all()), f"get wrote into page {i} ({comp!r}), not requested"
+
+    # ------------------------------------------------------------------ clear
+    def test_clear_removes_only_namespace(self, hc: SuiteContext) -> None:
+        """``hicache_clear`` removes this namespace only; new bytes are served after it."""
+        hc.require_hook("hicache_clear")
+        store_a, pool_a = hc.kv_store("mha", 6)
+        store_b, pool_b = hc.kv_store("mha", 6, model_name=hc.model_name + "-keep")
+        hashes, idx = self.make_page_hashes(6), list(range(6))
+        hc.write(store_a, KV, pool_a, hashes, idx, salt=1)
+        hc.write(store_b, KV, pool_b, hashes, idx, salt=2)
+        removed = store_a.clear()
+        assert removed > 0, f"clear() returned {removed} after 6 pages were stored"
+        expect_flags(hc.raw(store_a, IoOp.EXISTS, KV, pool_a, hashes, idx), [False] * 6, "exists after clear")
+        expect_flags(hc.read(store_b, KV, pool_b, hashes, idx), [True] * 6, "other namespace after clear")
+        expect_flags(hc.matches(pool_b, idx, hashes, salt=2), [True] * 6, "other namespace bytes")
+        hc.write(store_a, KV, pool_a, hashes, idx, salt=3)
+        expect_flags(hc.read(store_a, KV, pool_a, hashes, idx), [True] * 6, "get after clear + set")
+        expect_flags(hc.matches(pool_a, idx, hashes, salt=3), [True] * 6, "new bytes after clear + set")

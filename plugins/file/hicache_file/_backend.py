@@ -1,0 +1,688 @@
+"""``FileBackend``: the embedded default hicache backend (one file per component key).
+
+See :mod:`hicache_file._format` for the on-disk format and ``plugins/file/README.md`` for the
+options. Summary of the guarantees:
+
+* ``set`` publishes each key atomically (temp file in the same directory, optional fsync,
+  ``rename``): a reader sees the old state (absent) or the whole page, never a torn one. A
+  failing key (ENOSPC, EIO, permissions) is ``False`` for that key only, leaves no temp file
+  and is logged once per batch. Keys already present are skipped and reported ``True``.
+* ``get`` reads header + payload with one ``readv`` straight into the host pool and verifies
+  magic, format, key, length and the xxh3_64 checksum. A corrupt, truncated or misplaced file
+  is a miss (``False``), counted in :attr:`FileBackend.stats` ``.integrity_errors``, logged,
+  and deleted so the next backup rewrites it. A valid page of another size is a plain miss.
+* ``exists`` is one ``access(2)`` per key: no directory scan, ever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import json
+import logging
+import os
+import secrets
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hicache_core import (
+    BatchShapeError,
+    Capabilities,
+    DraftIo,
+    DraftIoMode,
+    HostPool,
+    IoOp,
+    PoolError,
+    PoolName,
+    PoolTransfer,
+    StorageConfig,
+    check_key,
+    hookimpl,
+)
+
+from . import _format as fmt
+from ._errors import FileRootError
+from ._index import LruIndex, scan_root
+from ._options import FileOptions
+from ._pool_io import PoolIo, Post, tensor_iov
+
+__all__ = ["FileBackend", "FileStats"]
+
+log = logging.getLogger("hicache.file")
+
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_RFLAGS = os.O_RDONLY | _O_CLOEXEC
+_WFLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+_FH = fmt.FIXED_HEADER
+
+
+@dataclass
+class FileStats:
+    """Counters of one backend instance (a snapshot; read ``backend.stats``)."""
+
+    exists_checks: int = 0
+    gets: int = 0
+    hits: int = 0
+    misses: int = 0
+    integrity_errors: int = 0
+    size_mismatches: int = 0
+    read_errors: int = 0
+    sets: int = 0
+    writes: int = 0
+    skipped_writes: int = 0
+    write_errors: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    cleared: int = 0
+    temp_files_removed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class _Tally:
+    """Per-range accumulator (one per worker), merged into :class:`FileStats` per batch."""
+
+    __slots__ = ("counts", "errors", "first_error", "gone", "touched")
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.errors = 0
+        self.first_error = ""
+        self.touched: list[tuple[str, int]] = []  # (key, bytes on disk) now most recent
+        self.gone: list[str] = []  # keys whose files are gone
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + n
+
+    def error(self, name: str, err: OSError, path: str) -> None:
+        self.add(name)
+        self.errors += 1
+        if not self.first_error:
+            self.first_error = f"{path}: [Errno {err.errno}] {err.strerror or err}"
+
+
+class FileBackend:
+    """Pages as files under ``options.root`` (see the module docstring for the guarantees)."""
+
+    Options = FileOptions
+    capabilities = Capabilities(
+        v1=True,
+        v2=True,
+        zero_copy=False,
+        pools=frozenset(PoolName),
+        persistent=True,
+        shared=True,
+        draft_io=DraftIoMode.GENERIC,
+    )
+
+    def __init__(self, config: StorageConfig, options: FileOptions) -> None:
+        self.config = config
+        self.options = options
+        self.root = _open_root(options.resolved_root())
+        self._prefix = self.root.rstrip("/") + "/"
+        self._fsync = options.fsync
+        self._pools: dict[PoolName, PoolIo] = {}
+        self._stats = FileStats()
+        self._stats_lock = threading.Lock()
+        self._seq = itertools.count()
+        self._token = secrets.token_hex(4)
+        self._executor: ThreadPoolExecutor | None = None
+        self._executor_lock = threading.Lock()
+        self._closed = False
+        self.index: LruIndex | None = None
+        if options.max_bytes is not None:
+            self.index = LruIndex(options.max_bytes)
+            scan = scan_root(self.root, options.temp_max_age_s)
+            self.index.load(scan.entries)
+            self._stats.temp_files_removed += scan.temp_removed
+            self.scan_seconds = scan.seconds
+            self._evict()
+
+    # ------------------------------------------------------------------ info
+    @classmethod
+    def availability(cls) -> str | None:
+        return None
+
+    @property
+    def stats(self) -> FileStats:
+        """A snapshot of the counters (``integrity_errors``, ``hits``, ``evictions``...)."""
+        with self._stats_lock:
+            return FileStats(**asdict(self._stats))
+
+    @property
+    def integrity_errors(self) -> int:
+        return self._stats.integrity_errors
+
+    def path_of(self, key: str) -> str:
+        """Absolute path of ``key``'s page file (validates the key; the file may not exist)."""
+        return self._prefix + fmt.relpath(check_key(key))
+
+    def __repr__(self) -> str:
+        return f"FileBackend(root={self.root!r}, max_bytes={self.options.max_bytes})"
+
+    # ----------------------------------------------------------------- hooks
+    @hookimpl
+    def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
+        self._pools[PoolName(pool_name)] = PoolIo(pool)
+
+    @hookimpl
+    def hicache_draft_io_capability(self) -> DraftIo:
+        return DraftIo(
+            DraftIoMode.GENERIC,
+            "the file backend copies draft pages through v1 under their own keys",
+        )
+
+    @hookimpl
+    def hicache_batch_io_v1(
+        self, op: IoOp, keys: Sequence[str], buffers: Sequence[Any] | None
+    ) -> list[bool]:
+        """Per-key exists/get/set; ``buffers`` are uint8 CPU views (strided ones allowed)."""
+        op = IoOp(op)
+        if not keys:
+            return []
+        if op is IoOp.EXISTS:
+            return self._batch(op, keys, [], [], None)
+        if buffers is None or len(buffers) != len(keys):
+            raise BatchShapeError(
+                f"file backend {op.value}: {len(keys)} keys but "
+                f"{'no' if buffers is None else len(buffers)} buffers; pass one buffer per key"
+            )
+        iovs: list[list[Any]] = []
+        sizes: list[int] = []
+        posts: list[Post | None] = []
+        for b in buffers:
+            iov, post = tensor_iov(b, op is IoOp.GET)
+            iovs.append(iov)
+            sizes.append(b.numel())
+            posts.append(post)
+        return self._batch(op, keys, iovs, sizes, posts if any(p is not None for p in posts) else None)
+
+    @hookimpl
+    def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
+        """Every component of every page of every transfer in one parallel batch."""
+        op = IoOp(op)
+        keys: list[str] = []
+        iovs: list[list[Any]] = []
+        sizes: list[int] = []
+        posts: list[Post | None] | None = None
+        shape: list[tuple[int, int]] = []
+        for t in transfers:
+            n = len(t)
+            pio = self._pools.get(t.pool)
+            if pio is None:
+                raise PoolError(
+                    f"pool {t.pool.value!r} is not registered with the file backend; registered: "
+                    f"{[p.value for p in self._pools]}"
+                )
+            shape.append((n, pio.ncomp))
+            if n == 0:
+                continue
+            if len(t.keys) != n:
+                raise BatchShapeError(
+                    f"PoolTransfer({t.pool.value}) has {len(t.keys)} key tuples for {n} pages; "
+                    "resolve keys with store.page_keys() (the controller does this)"
+                )
+            for ks in t.keys:
+                if len(ks) != pio.ncomp:
+                    raise BatchShapeError(
+                        f"PoolTransfer({t.pool.value}): a page has {len(ks)} keys but the pool has "
+                        f"{pio.ncomp} components {list(pio.pool.components)}"
+                    )
+                keys.extend(ks)
+            if op is not IoOp.EXISTS:
+                views, post = pio.iovs(t.host_indices, op is IoOp.GET)
+                iovs.extend(views)
+                sizes.extend(pio.sizes * n)
+                if post is not None or posts is not None:
+                    posts = (posts or [None] * (len(iovs) - len(views))) + (post or [None] * len(views))
+        flat = self._batch(op, keys, iovs, sizes, posts) if keys else []
+        out: list[list[bool]] = []
+        off = 0
+        for n, c in shape:
+            if c == 1:
+                out.append(flat[off : off + n])
+            else:
+                out.append([all(flat[off + i * c : off + i * c + c]) for i in range(n)])
+            off += n * c
+        return out
+
+    @hookimpl
+    def hicache_clear(self, namespace: str) -> int:
+        """Delete every page whose key starts with ``namespace + "."``; return how many.
+
+        Only that namespace's directory is walked; other namespaces are untouched. Temp files
+        in it are removed too (not counted). Raises :class:`KeyFormatError` for a namespace
+        that is not a safe key prefix.
+        """
+        check_key(namespace)
+        first, dot, _ = namespace.partition(".")
+        prefix = namespace + "."
+        whole = not dot
+        nsdir = self._prefix + first
+        removed = temps = 0
+        for a in _listdirs(nsdir):
+            for b in _listdirs(a):
+                with contextlib.suppress(OSError), os.scandir(b) as it:
+                    for e in it:
+                        temp = e.name.startswith(fmt.TEMP_PREFIX)
+                        if not (temp and whole) and not e.name.startswith(prefix):
+                            continue
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(e.path)
+                            if temp:
+                                temps += 1
+                            else:
+                                removed += 1
+                with contextlib.suppress(OSError):
+                    os.rmdir(b)
+            with contextlib.suppress(OSError):
+                os.rmdir(a)
+        if whole:
+            with contextlib.suppress(OSError):
+                os.rmdir(nsdir)
+        if self.index is not None:
+            self.index.drop_prefix(prefix)
+        with self._stats_lock:
+            self._stats.cleared += removed
+            self._stats.temp_files_removed += temps
+        log.info("hicache.file: cleared namespace %r under %s: %d pages", namespace, self.root, removed)
+        return removed
+
+    @hookimpl
+    def hicache_close(self) -> None:
+        """Stop the I/O threads (waits for the batch in flight). Idempotent."""
+        self._closed = True
+        with self._executor_lock:
+            ex, self._executor = self._executor, None
+        if ex is not None:
+            ex.shutdown(wait=True)
+
+    # ------------------------------------------------------------- batching
+    def _paths(self, keys: Sequence[str]) -> list[str]:
+        root = self._prefix
+        check = check_key
+        out = []
+        for k in keys:
+            check(k)
+            if len(k) < 4:
+                out.append(root + fmt.relpath(k))
+                continue
+            dot = k.find(".")
+            out.append(f"{root}{k[:dot] if dot > 0 else '_'}/{k[-2:]}/{k[-4:-2]}/{k}")
+        return out
+
+    def _pool(self) -> ThreadPoolExecutor | None:
+        if self._closed:
+            return None
+        ex = self._executor
+        if ex is None:
+            with self._executor_lock:
+                if self._executor is None and not self._closed:
+                    self._executor = ThreadPoolExecutor(
+                        self.options.io_threads - 1, thread_name_prefix="hicache-file"
+                    )
+                ex = self._executor
+        return ex
+
+    def _batch(
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        posts: list[Post | None] | None,
+    ) -> list[bool]:
+        paths = self._paths(keys)
+        n = len(paths)
+        if op is IoOp.EXISTS:
+            access, f_ok = os.access, os.F_OK
+            result = [access(p, f_ok) for p in paths]
+            with self._stats_lock:
+                self._stats.exists_checks += n
+            return result
+        work = self._get_range if op is IoOp.GET else self._set_range
+        args = (keys, paths, iovs, sizes, posts)
+        threads = self.options.io_threads
+        ex = None
+        if threads > 1 and n > 1 and sum(sizes) >= self.options.parallel_min_bytes:
+            ex = self._pool()
+        if ex is None:
+            parts = [work(*args, 0, n)]
+        else:
+            k = min(threads, n)
+            bounds = [n * i // k for i in range(k + 1)]
+            futures: list[Future[tuple[list[bool], _Tally]]] = [
+                ex.submit(work, *args, bounds[i], bounds[i + 1]) for i in range(1, k)
+            ]
+            try:
+                parts = [work(*args, bounds[0], bounds[1])]
+            finally:  # never return while a worker still touches the caller's buffers
+                parts_rest = [f.result() for f in futures]
+            parts += parts_rest
+        result: list[bool] = []
+        for flags, _ in parts:
+            result += flags
+        self._finish(op, n, [t for _, t in parts])
+        return result
+
+    def _finish(self, op: IoOp, n: int, tallies: list[_Tally]) -> None:
+        errors = sum(t.errors for t in tallies)
+        with self._stats_lock:
+            st = self._stats
+            if op is IoOp.GET:
+                st.gets += n
+            else:
+                st.sets += n
+            for t in tallies:
+                for name, v in t.counts.items():
+                    setattr(st, name, getattr(st, name) + v)
+        if errors:
+            first = next(t.first_error for t in tallies if t.first_error)
+            log.warning(
+                "hicache.file: %d of %d %s operations failed under %s (those keys report False); "
+                "first: %s",
+                errors,
+                n,
+                op.value,
+                self.root,
+                first,
+            )
+        if self.index is not None:
+            for t in tallies:
+                self.index.touch(t.touched)
+                self.index.discard(t.gone)
+            self._evict()
+
+    def _evict(self) -> None:
+        assert self.index is not None
+        victims = self.index.victims()
+        if not victims:
+            return
+        gone = nbytes = 0
+        for key, size in victims:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._prefix + fmt.relpath(key))
+                gone += 1
+                nbytes += size
+        with self._stats_lock:
+            self._stats.evictions += gone
+            self._stats.evicted_bytes += nbytes
+        log.debug("hicache.file: evicted %d pages (%d bytes) to fit max_bytes", gone, nbytes)
+
+    # ------------------------------------------------------------ the I/O
+    def _get_range(
+        self,
+        keys: Sequence[str],
+        paths: list[str],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        posts: list[Post | None] | None,
+        lo: int,
+        hi: int,
+    ) -> tuple[list[bool], _Tally]:
+        tally = _Tally()
+        out: list[bool] = []
+        hits = misses = nbytes = 0
+        checksum, prefix = fmt.checksum, fmt.expected_prefix
+        track = self.index is not None
+        for j in range(lo, hi):
+            key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
+            kb = key.encode("ascii")
+            hsize = _FH + len(kb)
+            try:
+                fd = os.open(path, _RFLAGS)
+            except FileNotFoundError:
+                misses += 1
+                out.append(False)
+                continue
+            except OSError as err:
+                tally.error("read_errors", err, path)
+                out.append(False)
+                continue
+            reason: str | None = "?"
+            ident = None
+            try:
+                hdr = bytearray(hsize)
+                nread = os.readv(fd, [hdr, *iov, bytearray(1)])
+                if (
+                    nread == hsize + size
+                    and hdr[:16] == prefix(len(kb), size)
+                    and hdr[_FH:] == kb
+                    and int.from_bytes(hdr[16:24], "little") == checksum(iov)
+                ):
+                    reason = None
+                else:
+                    reason = fmt.classify(hdr, nread, kb, size)
+                    if reason is not None:
+                        st = os.fstat(fd)
+                        ident = (st.st_dev, st.st_ino)
+                    else:
+                        tally.add("size_mismatches")
+                        reason = ""
+            except OSError as err:
+                tally.error("read_errors", err, path)
+                out.append(False)
+                continue
+            finally:
+                os.close(fd)
+            if reason is None:
+                if posts is not None and posts[j] is not None:
+                    dst, scratch = posts[j]  # type: ignore[misc]
+                    dst.copy_(scratch.view(dst.shape))
+                hits += 1
+                nbytes += size
+                if track:
+                    tally.touched.append((key, hsize + size))
+                out.append(True)
+                continue
+            out.append(False)
+            if reason:
+                self._quarantine(path, ident, reason, tally)
+                tally.gone.append(key)
+        tally.add("hits", hits)
+        tally.add("misses", misses)
+        tally.add("bytes_read", nbytes)
+        return out, tally
+
+    def _quarantine(self, path: str, ident: tuple[int, int] | None, reason: str, tally: _Tally) -> None:
+        """Count, log and delete a corrupt page (only if it is still the file we read)."""
+        tally.add("integrity_errors")
+        try:
+            st = os.stat(path)
+            if ident is None or (st.st_dev, st.st_ino) == ident:
+                os.unlink(path)
+                removed = "removed"
+            else:
+                removed = "kept (replaced meanwhile by a new page)"
+        except OSError as err:
+            removed = f"could not remove: {err.strerror or err}"
+        log.warning("hicache.file: corrupt page %s (%s): read as a miss, %s", path, reason, removed)
+
+    def _set_range(
+        self,
+        keys: Sequence[str],
+        paths: list[str],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        posts: list[Post | None] | None,
+        lo: int,
+        hi: int,
+    ) -> tuple[list[bool], _Tally]:
+        tally = _Tally()
+        out: list[bool] = []
+        writes = skipped = nbytes = 0
+        checksum, header = fmt.checksum, fmt.encode_header
+        access, f_ok = os.access, os.F_OK
+        track = self.index is not None
+        budget = self.options.max_bytes
+        fsync_dirs: dict[str, list[int]] = {}
+        for j in range(lo, hi):
+            key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
+            kb = key.encode("ascii")
+            disk = _FH + len(kb) + size
+            if access(path, f_ok):
+                skipped += 1
+                if track:
+                    tally.touched.append((key, disk))
+                out.append(True)
+                continue
+            if budget is not None and disk > budget:
+                tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={budget}"), path)
+                out.append(False)
+                continue
+            d = path[: len(path) - len(key)]
+            try:
+                self._publish(d, path, header(kb, size, checksum(iov)), iov, disk)
+            except OSError as err:
+                tally.error("write_errors", err, path)
+                out.append(False)
+                continue
+            writes += 1
+            nbytes += size
+            if track:
+                tally.touched.append((key, disk))
+            if self._fsync:
+                fsync_dirs.setdefault(d, []).append(len(out))
+            out.append(True)
+        for d, positions in fsync_dirs.items():
+            try:
+                _fsync_dir(d)
+            except OSError as err:
+                tally.error("write_errors", err, d)
+                for p in positions:
+                    out[p] = False
+        tally.add("writes", writes)
+        tally.add("skipped_writes", skipped)
+        tally.add("bytes_written", nbytes)
+        return out, tally
+
+    def _publish(self, d: str, path: str, hdr: bytes, iov: list[Any], total: int) -> None:
+        """Write ``hdr + iov`` to a temp file in ``d`` and rename it to ``path``.
+
+        On any error the temp file is removed and the error re-raised; the final name is
+        only ever created by ``rename`` (atomic), so it never holds a partial page.
+        """
+        tmp = f"{d}{fmt.TEMP_PREFIX}{self._token}-{os.getpid()}-{next(self._seq)}"
+        for attempt in range(3):  # the directory may be missing, or removed by a racing clear
+            try:
+                fd = os.open(tmp, _WFLAGS, 0o644)
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+                self._makedirs(d)
+        try:
+            try:
+                bufs = [hdr, *iov]
+                n = os.writev(fd, bufs)
+                if n != total:
+                    _write_rest(fd, bufs, n, total)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def _makedirs(self, d: str) -> None:
+        leaf = d.rstrip("/")
+        os.makedirs(leaf, exist_ok=True)
+        if self._fsync:  # make the new directory entries durable too
+            parent = leaf
+            for _ in range(3):
+                parent = os.path.dirname(parent)
+                _fsync_dir(parent)
+
+
+# ---------------------------------------------------------------------- helpers
+def _write_rest(fd: int, bufs: list[Any], done: int, total: int) -> None:
+    """Finish a short ``writev``: write what is left, raising on no progress."""
+    views = [memoryview(b).cast("B") for b in bufs]
+    for v in views:
+        if done >= len(v):
+            done -= len(v)
+            continue
+        rest = v[done:]
+        done = 0
+        while len(rest):
+            n = os.write(fd, rest)
+            if n <= 0:
+                raise OSError(errno.EIO, f"short write ({total} bytes expected)")
+            rest = rest[n:]
+
+
+def _fsync_dir(d: str) -> None:
+    fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _listdirs(path: str) -> list[str]:
+    try:
+        with os.scandir(path) as it:
+            return [e.path for e in it if e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return []
+
+
+def _open_root(root: str) -> str:
+    """Create ``root`` if needed, check it is a writable directory, stamp/check the format."""
+    fix = (
+        "set options.root to a writable directory (for example "
+        '`HICACHE_OPTIONS=\'{"root": "/path/to/cache"}\'`) or fix its permissions'
+    )
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as err:
+        raise FileRootError(
+            f"file backend root {root!r} cannot be created: [Errno {err.errno}] "
+            f"{err.strerror or err} ({err.filename or root}); {fix}"
+        ) from None
+    if not os.path.isdir(root):
+        raise FileRootError(f"file backend root {root!r} exists but is not a directory; {fix}")
+    probe = os.path.join(root, f"{fmt.TEMP_PREFIX}probe-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        fd = os.open(probe, _WFLAGS, 0o644)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise FileRootError(
+            f"file backend root {root!r} is not writable: [Errno {err.errno}] {err.strerror or err}; {fix}"
+        ) from None
+    marker = os.path.join(root, fmt.MARKER_NAME)
+    try:
+        with open(marker, encoding="utf-8") as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        info = None
+    except (OSError, ValueError) as err:
+        raise FileRootError(
+            f"file backend root {root!r}: cannot read {fmt.MARKER_NAME}: {err}; delete that file "
+            "or use another root"
+        ) from None
+    if info is None:
+        tmp = f"{marker}.{os.getpid()}-{secrets.token_hex(4)}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"format": fmt.FORMAT_VERSION, "layout": fmt.LAYOUT, "checksum": "xxh3_64"}, f)
+        os.replace(tmp, marker)
+        return root
+    version = info.get("format") if isinstance(info, dict) else None
+    if version != fmt.FORMAT_VERSION:
+        raise FileRootError(
+            f"file backend root {root!r} holds pages in format {version!r}, but this "
+            f"hicache-file writes format {fmt.FORMAT_VERSION}; use another root or delete it"
+        )
+    return root
+

@@ -1,0 +1,132 @@
+"""On-disk format of the file backend: page header, checksum and directory layout.
+
+One file per component key::
+
+    <root>/<namespace>/<k[-2:]>/<k[-4:-2]>/<key>
+
+``namespace`` is the key's first dot-separated field (``_`` for a key without a dot), so
+``hicache_clear(namespace)`` touches one directory. The two shard levels come from the last
+four characters of the key; core keys end with a sha256 hex page hash, so they spread evenly
+over 65 536 leaf directories per namespace (a few thousand files per leaf directory at
+100 M pages). Keys shorter than four characters are left-padded with ``_``.
+
+Every file is a fixed 24-byte header, the key, then the payload::
+
+    offset  size  field
+    0       4     magic  b"HCFP"
+    4       1     format version (1)
+    5       1     checksum algorithm (1 = xxh3_64 of the payload)
+    6       2     key length, little-endian u16
+    8       8     payload length, little-endian u64
+    16      8     payload checksum, little-endian u64
+    24      klen  the key (ASCII), so a misplaced or colliding file is detected
+    24+klen n     payload (the page component bytes, layer-major)
+
+Files are published by writing ``.tmp-*`` in the leaf directory and renaming it over the
+final name, so a reader never sees a torn page. Names starting with ``.tmp-`` are never
+pages; keys never start with ``.`` (see :func:`hicache_core.check_key`).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import xxhash
+
+__all__ = [
+    "ALGO_XXH3_64",
+    "FIXED_HEADER",
+    "FORMAT_VERSION",
+    "MAGIC",
+    "MARKER_NAME",
+    "TEMP_PREFIX",
+    "checksum",
+    "encode_header",
+    "expected_prefix",
+    "header_size",
+    "relpath",
+]
+
+MAGIC = b"HCFP"
+FORMAT_VERSION = 1
+ALGO_XXH3_64 = 1
+FIXED_HEADER = 24
+TEMP_PREFIX = ".tmp-"
+LAYOUT = "<namespace>/<key[-2:]>/<key[-4:-2]>/<key>"
+MARKER_NAME = ".hicache-file.json"
+"""A small JSON file at the root recording the format version (written once)."""
+
+_FIXED = struct.Struct("<4sBBHQQ")  # magic, version, algo, key length, payload length, checksum
+_PREFIX = struct.Struct("<4sBBHQ")  # the first 16 bytes (everything but the checksum)
+_xxh3 = xxhash.xxh3_64_intdigest
+_xxh3_stream = xxhash.xxh3_64
+
+
+def checksum(parts: Sequence[Any]) -> int:
+    """xxh3_64 of the concatenation of ``parts`` (buffer objects), without joining them.
+
+    Streaming over several parts (a ``layer_first`` page is one run per layer) gives the same
+    value as hashing the joined bytes, so a page written from one layout verifies in the other.
+    """
+    if len(parts) == 1:
+        return _xxh3(parts[0])
+    h = _xxh3_stream()
+    for p in parts:
+        h.update(p)
+    return h.intdigest()
+
+
+def header_size(key_len: int) -> int:
+    """Bytes before the payload for a key of ``key_len`` ASCII characters."""
+    return FIXED_HEADER + key_len
+
+
+def encode_header(key: bytes, payload_len: int, digest: int) -> bytes:
+    """The full header (fixed part + key) of a page."""
+    return _FIXED.pack(MAGIC, FORMAT_VERSION, ALGO_XXH3_64, len(key), payload_len, digest) + key
+
+
+def expected_prefix(key_len: int, payload_len: int) -> bytes:
+    """The first 16 header bytes a valid page of this key and size must start with."""
+    return _PREFIX.pack(MAGIC, FORMAT_VERSION, ALGO_XXH3_64, key_len, payload_len)
+
+
+def stored_checksum(header: bytes | bytearray) -> int:
+    """The checksum field of a header (bytes 16..24)."""
+    return int.from_bytes(header[16:24], "little")
+
+
+def classify(header: bytes | bytearray, nread: int, key: bytes, payload_len: int) -> str | None:
+    """Why a read of ``nread`` bytes (header buffer ``header``) is not a valid page.
+
+    Returns ``None`` when the header describes a *valid object of another size* (a miss, not
+    corruption); otherwise a short reason for the integrity log. Only called on the slow path.
+    """
+    klen = len(key)
+    if nread < FIXED_HEADER:
+        return f"truncated header ({nread} bytes)"
+    magic, version, algo, stored_klen, stored_len, _ = _FIXED.unpack_from(header, 0)
+    if magic != MAGIC:
+        return "bad magic (not a hicache page)"
+    if version != FORMAT_VERSION or algo != ALGO_XXH3_64:
+        return f"unknown format version {version} / checksum algorithm {algo}"
+    if stored_klen != klen or nread < FIXED_HEADER + klen or bytes(header[FIXED_HEADER:]) != key:
+        return "header names another key (misplaced or colliding file)"
+    if stored_len != payload_len:
+        return None
+    expected = FIXED_HEADER + klen + payload_len
+    if nread < expected:
+        return f"truncated payload ({nread - FIXED_HEADER - klen} of {payload_len} bytes)"
+    if nread > expected:
+        return "trailing data after the payload"
+    return "checksum mismatch"
+
+
+def relpath(key: str) -> str:
+    """``<namespace>/<aa>/<bb>/<key>`` for a key already checked by ``check_key``."""
+    dot = key.find(".")
+    ns = key[:dot] if dot > 0 else "_"
+    tail = key if len(key) >= 4 else key.rjust(4, "_")
+    return f"{ns}/{tail[-2:]}/{tail[-4:-2]}/{key}"

@@ -1,0 +1,528 @@
+"""A preallocated file of fixed-size page slots with a crash-safe, shareable key->slot index.
+
+This is the local stand-in for a 3FS usrbio file plus its metadata service. Three files share
+one path ``P`` (``{prefix}.{rank}.bin``):
+
+``P`` (data)
+    A 4 KiB superblock (magic, geometry, a random file id, CRC), then ``num_slots`` slots of
+    ``stride`` bytes. A slot is a 512-byte header -- state, key, payload length, sequence
+    number, payload CRC32, header CRC32 -- followed by at most ``capacity`` payload bytes.
+``P.idx`` (index log)
+    Append-only records ``PUT(key, slot, seq)`` and ``FREE(slot, seq)``, each with a CRC32.
+    Replaying the log rebuilds the index after a restart; other processes *tail* it to see new
+    pages. A torn record (crash mid-append) fails its CRC: replay stops there and the next
+    writer truncates it. The log is compacted (rewritten and renamed into place) when it grows
+    well past the live index.
+``P.lock``
+    ``flock`` target serialising writers (put, remove, compaction, creation) across processes.
+
+Crash safety comes from ordering, not luck: a slot is written in full *before* its ``PUT``
+record is appended, and a slot being reused is first released with a ``FREE`` record and
+marked invalid on disk. So a writer killed at any point leaves either the old state or the
+new page, never an index entry that points at a partial slot. Readers additionally verify the
+header (key, sequence, length), the payload CRC32 and re-read the header after the payload
+(a seqlock), so a slot overwritten by another process while being read is a miss, never
+wrong bytes. Data survives process crashes; set ``fsync`` to also survive power loss.
+
+Eviction is least-recently-used over this process's view (hits of exists/get/set refresh a
+slot; pages written by other processes count as used when this process first sees them);
+after a restart the order starts from write order (sequence numbers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import threading
+import uuid
+import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hicache_core import BackendIOError
+
+__all__ = ["HEADER_SIZE", "SUPERBLOCK_SIZE", "SlotFile", "slot_stride"]
+
+log = logging.getLogger("hicache.hf3fs")
+
+SUPERBLOCK_SIZE = 4096
+HEADER_SIZE = 512
+ALIGN = 4096
+MAX_KEY = 255
+COMPACT_MIN_BYTES = 1 << 20  # never compact a log smaller than this
+COMPACT_RATIO = 4  # compact when the log is this many times larger than the live index
+
+_SB = struct.Struct("<16sIIQQQ16s")  # magic, version, header size, capacity, stride, slots, file id
+_SB_MAGIC = b"HICACHE-HF3FS-v1"
+_LOG_HDR = struct.Struct("<8s16s")  # magic, file id of the data file this log indexes
+_LOG_MAGIC = b"H3FSIDX1"
+_REC = struct.Struct("<IBxHIQ")  # crc32 (of the rest), kind, key length, slot, seq
+_PUT, _FREE = 1, 2
+_HDR = struct.Struct("<4sBxHQQII")  # magic, state, key length, payload length, seq, payload crc, hdr crc
+_HDR_MAGIC = b"H3SL"
+_VALID, _INVALID = 1, 0
+
+
+def slot_stride(capacity: int) -> int:
+    """Bytes of one slot holding up to ``capacity`` payload bytes (4 KiB aligned)."""
+    return (HEADER_SIZE + capacity + ALIGN - 1) // ALIGN * ALIGN
+
+
+def _crc(*parts: bytes | memoryview) -> int:
+    c = 0
+    for p in parts:
+        c = zlib.crc32(p, c)
+    return c
+
+
+def _pack_header(state: int, key: bytes, length: int, seq: int, payload_crc: int) -> bytes:
+    body = _HDR.pack(_HDR_MAGIC, state, len(key), length, seq, payload_crc, 0)[:-4]
+    head = body + struct.pack("<I", _crc(body, key)) + key
+    return head.ljust(HEADER_SIZE, b"\0")
+
+
+def _unpack_header(raw: bytes | memoryview) -> tuple[int, bytes, int, int, int] | None:
+    """``(state, key, length, seq, payload_crc)`` of a well-formed header, else ``None``."""
+    magic, state, klen, length, seq, pcrc, hcrc = _HDR.unpack_from(raw, 0)
+    if magic != _HDR_MAGIC or klen > MAX_KEY:
+        return None
+    key = bytes(raw[_HDR.size : _HDR.size + klen])
+    if _crc(bytes(raw[: _HDR.size - 4]), key) != hcrc:
+        return None
+    return state, key, length, seq, pcrc
+
+
+def _record(kind: int, slot: int, seq: int, key: bytes = b"") -> bytes:
+    body = _REC.pack(0, kind, len(key), slot, seq)[4:] + key
+    return struct.pack("<I", _crc(body)) + body
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Layout of a slot file: payload capacity per slot, slot stride and slot count."""
+
+    capacity: int
+    stride: int
+    num_slots: int
+    file_id: bytes
+
+    @property
+    def size(self) -> int:
+        return SUPERBLOCK_SIZE + self.num_slots * self.stride
+
+
+class SlotFile:
+    """One preallocated slot file with its index log (see the module docstring).
+
+    Thread-safe (one re-entrant lock per instance) and process-safe (``flock`` for writers,
+    log tailing plus per-slot verification for readers). ``capacity``/``num_slots`` are used
+    only when the file is created; an existing file keeps its geometry.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        capacity: int | None,
+        num_slots: int | None,
+        fsync: bool = False,
+        fallocate: bool = False,
+        create: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.log_path = Path(f"{path}.idx")
+        self.fsync = fsync
+        self._lock = threading.RLock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd = self._log_fd = -1
+        try:
+            with self._writer():
+                if not self.path.exists():
+                    if not create or capacity is None or num_slots is None:
+                        raise FileNotFoundError(str(self.path))
+                    self._create(capacity, num_slots, fallocate)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                self.geometry = self._read_superblock()
+                self._open_log(repair=True)
+        except BaseException:
+            self.close()
+            raise
+        self._scratch = bytearray(HEADER_SIZE + self.geometry.capacity)
+        self._check = bytearray(HEADER_SIZE)
+
+    # ------------------------------------------------------------ public API
+    @property
+    def capacity(self) -> int:
+        """Largest payload (bytes) one slot holds."""
+        return self.geometry.capacity
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._tail()
+            return len(self._index)
+
+    def exists(self, keys: Sequence[str]) -> list[bool]:
+        """Whether each key has a committed slot (a hit refreshes its LRU position)."""
+        with self._lock:
+            self._tail()
+            out = []
+            for k in keys:
+                ent = self._index.get(k)
+                out.append(ent is not None)
+                if ent is not None:
+                    self._lru.move_to_end(ent[0])
+            return out
+
+    def get(self, items: Sequence[tuple[str, int]], deliver: Callable[[int, memoryview], None]) -> list[bool]:
+        """Read ``(key, nbytes)`` items; call ``deliver(i, payload)`` for each verified page.
+
+        A page is delivered only if its slot header names this key and sequence number, its
+        length is exactly ``nbytes``, its payload CRC matches and the header did not change
+        while the payload was read.
+        """
+        with self._lock:
+            self._tail()
+            out = [False] * len(items)
+            for i, (key, nbytes) in enumerate(items):
+                ent = self._index.get(key)
+                if ent is None or nbytes > self.geometry.capacity:
+                    continue
+                payload = self._read_slot(ent[0], key.encode(), ent[1], nbytes)
+                if payload is None:
+                    continue
+                deliver(i, payload)
+                self._lru.move_to_end(ent[0])
+                out[i] = True
+            return out
+
+    def put(self, items: Sequence[tuple[str, memoryview]]) -> list[bool]:
+        """Publish ``(key, payload)`` items; keys already present are skipped and reported True.
+
+        A payload larger than :attr:`capacity` fails (False). When the file is full the least
+        recently used slots are reused, never a slot written earlier in the same call, so a
+        batch larger than the file fails its tail instead of overwriting its head.
+        """
+        out = [False] * len(items)
+        with self._lock, self._writer():
+            self._tail(repair=True)
+            planned: dict[str, list[int]] = {}
+            plan: list[tuple[str, memoryview, int, bool]] = []
+            frees: list[bytes] = []
+            protected: set[int] = set()
+            for i, (key, payload) in enumerate(items):
+                ent = self._index.get(key)
+                if ent is not None:
+                    self._lru.move_to_end(ent[0])
+                    out[i] = True
+                    continue
+                if key in planned:
+                    planned[key].append(i)
+                    continue
+                if len(payload) > self.geometry.capacity or len(key.encode()) > MAX_KEY:
+                    continue
+                got = self._allocate(protected)
+                if got is None:
+                    continue
+                slot, fresh, victim = got
+                protected.add(slot)
+                if victim is not None:
+                    self._seq += 1
+                    frees.append(_record(_FREE, slot, self._seq))
+                    self._unmap(slot)
+                planned[key] = [i]
+                plan.append((key, payload, slot, fresh))
+            if frees:
+                self._append(b"".join(frees))
+            puts: list[bytes] = []
+            done: list[tuple[str, int, int]] = []
+            for key, payload, slot, fresh in plan:
+                self._seq += 1
+                try:
+                    self._write_slot(slot, key.encode(), payload, self._seq, invalidate=not fresh)
+                except OSError as err:
+                    log.error("hicache hf3fs: writing slot %d of %s failed: %s", slot, self.path, err)
+                    self._free.add(slot)
+                    continue
+                puts.append(_record(_PUT, slot, self._seq, key.encode()))
+                done.append((key, slot, self._seq))
+            if puts:
+                if self.fsync:
+                    os.fdatasync(self._fd)
+                self._append(b"".join(puts))
+            for key, slot, seq in done:
+                self._apply_put(key, slot, seq)
+                for i in planned[key]:
+                    out[i] = True
+            self._maybe_compact()
+        return out
+
+    def remove(self, predicate: Callable[[str], bool]) -> int:
+        """Release every slot whose key matches ``predicate``; returns how many."""
+        with self._lock, self._writer():
+            self._tail(repair=True)
+            victims = [(k, s) for k, (s, _) in self._index.items() if predicate(k)]
+            recs = []
+            for _, slot in victims:
+                self._seq += 1
+                recs.append(_record(_FREE, slot, self._seq))
+            if recs:
+                self._append(b"".join(recs))
+                for _, slot in victims:
+                    self._unmap(slot)
+                    self._free.add(slot)
+                self._maybe_compact()
+            return len(victims)
+
+    def keys(self) -> list[str]:
+        """The committed keys (for tests and diagnostics)."""
+        with self._lock:
+            self._tail()
+            return list(self._index)
+
+    def slot_of(self, key: str) -> int | None:
+        """The slot holding ``key`` (for tests and diagnostics)."""
+        with self._lock:
+            self._tail()
+            ent = self._index.get(key)
+            return None if ent is None else ent[0]
+
+    def slot_offset(self, slot: int) -> int:
+        """Byte offset of ``slot``'s header in the data file."""
+        return SUPERBLOCK_SIZE + slot * self.geometry.stride
+
+    def close(self) -> None:
+        """Close the files (idempotent)."""
+        for attr in ("_fd", "_log_fd", "_lock_fd"):
+            fd = getattr(self, attr, -1)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, attr, -1)
+
+    # ------------------------------------------------------------ creation
+    @contextlib.contextmanager
+    def _writer(self) -> Iterator[None]:
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    def _create(self, capacity: int, num_slots: int, fallocate: bool) -> None:
+        geo = Geometry(capacity, slot_stride(capacity), num_slots, uuid.uuid4().bytes)
+        tmp = Path(f"{self.path}.tmp.{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            sb = _SB.pack(_SB_MAGIC, 1, HEADER_SIZE, geo.capacity, geo.stride, geo.num_slots, geo.file_id)
+            os.pwrite(fd, sb + struct.pack("<I", _crc(sb)), 0)
+            os.ftruncate(fd, geo.size)
+            if fallocate:
+                os.posix_fallocate(fd, 0, geo.size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self._fsync_dir()
+        log.info(
+            "hicache hf3fs: created %s (%d slots of %d bytes, %d bytes per page)",
+            self.path,
+            num_slots,
+            geo.stride,
+            capacity,
+        )
+
+    def _read_superblock(self) -> Geometry:
+        raw = os.pread(self._fd, _SB.size + 4, 0)
+        bad = BackendIOError(
+            f"{self.path} is not a hicache hf3fs slot file (bad or unknown superblock); "
+            "delete it or choose another file_path_prefix"
+        )
+        if len(raw) != _SB.size + 4 or _crc(raw[: _SB.size]) != struct.unpack("<I", raw[_SB.size :])[0]:
+            raise bad
+        magic, version, hdr, cap, stride, slots, file_id = _SB.unpack(raw[: _SB.size])
+        if magic != _SB_MAGIC or version != 1 or hdr != HEADER_SIZE or stride < HEADER_SIZE + cap:
+            raise bad
+        geo = Geometry(cap, stride, slots, file_id)
+        if os.fstat(self._fd).st_size < geo.size:
+            raise BackendIOError(f"{self.path} is shorter than its superblock says; delete it to recreate")
+        return geo
+
+    def _fsync_dir(self) -> None:
+        dfd = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    # ------------------------------------------------------------ index log
+    def _reset_index(self) -> None:
+        self._index: dict[str, tuple[int, int]] = {}
+        self._owner: dict[int, str] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()
+        self._free: set[int] = set()
+        self._hwm = 0
+        self._seq = 0
+        self._live_bytes = 0  # size of a compacted log's records
+
+    def _open_log(self, repair: bool) -> None:
+        """(Re)open the log and replay it from the start. Call with the writer lock if ``repair``."""
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
+        self._reset_index()
+        header = _LOG_HDR.pack(_LOG_MAGIC, self.geometry.file_id)
+        try:
+            fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not repair:
+                raise
+            fd = self._write_log(header)
+        if os.pread(fd, _LOG_HDR.size, 0) != header:
+            if not repair:
+                os.close(fd)
+                raise BackendIOError(f"{self.log_path} does not belong to {self.path}")
+            log.warning("hicache hf3fs: %s belongs to another data file; starting an empty index", self.log_path)
+            os.close(fd)
+            fd = self._write_log(header)
+        self._log_fd = fd
+        self._log_ino = os.fstat(fd).st_ino
+        self._log_off = _LOG_HDR.size
+        self._tail(repair=repair)
+
+    def _write_log(self, content: bytes) -> int:
+        tmp = Path(f"{self.log_path}.tmp.{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, content)
+            os.fsync(fd)
+            os.replace(tmp, self.log_path)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fsync_dir()
+        return fd
+
+    def _tail(self, repair: bool = False) -> None:
+        """Apply records appended since the last call (others' writes); reload after compaction."""
+        try:
+            ino = os.stat(self.log_path).st_ino
+        except FileNotFoundError:
+            ino = -1
+        if ino != self._log_ino or os.fstat(self._log_fd).st_size < self._log_off:
+            self._open_log(repair=repair)
+            return
+        size = os.fstat(self._log_fd).st_size
+        if size == self._log_off:
+            return
+        data = os.pread(self._log_fd, size - self._log_off, self._log_off)
+        pos = 0
+        while pos + _REC.size <= len(data):
+            crc, kind, klen, slot, seq = _REC.unpack_from(data, pos)
+            end = pos + _REC.size + klen
+            if klen > MAX_KEY or end > len(data) or _crc(data[pos + 4 : end]) != crc:
+                break
+            if kind == _PUT:
+                self._apply_put(data[pos + _REC.size : end].decode(), slot, seq)
+            elif kind == _FREE:
+                self._unmap(slot)
+                self._free.add(slot)
+                self._seq = max(self._seq, seq)
+            pos = end
+        self._log_off += pos
+        if repair and pos < len(data):
+            # A writer died mid-append (we hold the writer lock, so nobody is appending now).
+            log.warning("hicache hf3fs: dropping a torn index record at the end of %s", self.log_path)
+            os.ftruncate(self._log_fd, self._log_off)
+
+    def _apply_put(self, key: str, slot: int, seq: int) -> None:
+        if not 0 <= slot < self.geometry.num_slots:
+            return
+        old = self._index.get(key)
+        if old is not None and old[0] != slot:
+            self._unmap(old[0])
+            self._free.add(old[0])
+        self._unmap(slot)
+        self._index[key] = (slot, seq)
+        self._live_bytes += _REC.size + len(key)
+        self._owner[slot] = key
+        self._lru[slot] = None
+        self._lru.move_to_end(slot)
+        self._free.discard(slot)
+        if slot >= self._hwm:
+            self._free.update(range(self._hwm, slot))  # slots a crashed writer never committed
+            self._hwm = slot + 1
+        self._seq = max(self._seq, seq)
+
+    def _unmap(self, slot: int) -> None:
+        key = self._owner.pop(slot, None)
+        if key is not None:
+            self._index.pop(key, None)
+            self._lru.pop(slot, None)
+            self._live_bytes -= _REC.size + len(key)
+
+    def _append(self, blob: bytes) -> None:
+        os.lseek(self._log_fd, 0, os.SEEK_END)
+        view = memoryview(blob)
+        while view:
+            view = view[os.write(self._log_fd, view) :]
+        if self.fsync:
+            os.fsync(self._log_fd)
+        self._log_off = os.fstat(self._log_fd).st_size
+
+    def _maybe_compact(self) -> None:
+        size = self._log_off
+        if size < COMPACT_MIN_BYTES or size < COMPACT_RATIO * (_LOG_HDR.size + self._live_bytes):
+            return
+        entries = sorted(self._index.items(), key=lambda kv: kv[1][1])
+        content = _LOG_HDR.pack(_LOG_MAGIC, self.geometry.file_id) + b"".join(
+            _record(_PUT, slot, seq, key.encode()) for key, (slot, seq) in entries
+        )
+        fd = self._write_log(content)
+        os.close(self._log_fd)
+        self._log_fd = fd
+        self._log_ino = os.fstat(fd).st_ino
+        self._log_off = len(content)
+        log.info("hicache hf3fs: compacted %s from %d to %d bytes", self.log_path, size, len(content))
+
+    # ------------------------------------------------------------ slots
+    def _allocate(self, protected: set[int]) -> tuple[int, bool, str | None] | None:
+        """``(slot, never_used, evicted_key)``, or ``None`` when every slot is protected."""
+        if self._free:
+            return self._free.pop(), False, None
+        if self._hwm < self.geometry.num_slots:
+            self._hwm += 1
+            return self._hwm - 1, True, None
+        for slot in self._lru:
+            if slot not in protected:
+                return slot, False, self._owner.get(slot)
+        return None
+
+    def _write_slot(self, slot: int, key: bytes, payload: memoryview, seq: int, invalidate: bool) -> None:
+        off = self.slot_offset(slot)
+        if invalidate:  # readers that still map the old key must see the slot change
+            os.pwrite(self._fd, _pack_header(_INVALID, b"", 0, seq, 0), off)
+        n = 0
+        while n < len(payload):
+            n += os.pwrite(self._fd, payload[n:], off + HEADER_SIZE + n)
+        os.pwrite(self._fd, _pack_header(_VALID, key, len(payload), seq, _crc(payload)), off)
+
+    def _read_slot(self, slot: int, key: bytes, seq: int, nbytes: int) -> memoryview | None:
+        off = self.slot_offset(slot)
+        view = memoryview(self._scratch)[: HEADER_SIZE + nbytes]
+        if os.preadv(self._fd, [view], off) != len(view):
+            return None
+        head = _unpack_header(view)
+        if head is None or head != (_VALID, key, nbytes, seq, head[4]):
+            return None
+        payload = view[HEADER_SIZE:]
+        if _crc(payload) != head[4]:
+            return None
+        if os.preadv(self._fd, [self._check], off) != HEADER_SIZE or self._check != view[:HEADER_SIZE]:
+            return None  # rewritten while we read it
+        return payload

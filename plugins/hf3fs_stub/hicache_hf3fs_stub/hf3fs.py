@@ -1,0 +1,330 @@
+"""``hf3fs``: a v1 backend modelled on 3FS usrbio, over a local preallocated file per rank.
+
+SGLang's HF3FS backend gives each rank one preallocated file ``{file_path_prefix}.{rank}.bin``
+on 3FS and asks a metadata service which page slot of that file holds a key. This backend does
+the same against the local file system (the role SGLang's mock client plays), with the
+metadata kept next to the file in a crash-safe index log (see :mod:`._slotfile`).
+
+* **Files.** Per-rank data goes to ``{prefix}.{rank}.bin`` where ``rank`` is the TP rank,
+  suffixed ``-pp{r}`` / ``-cp{r}`` when pipeline / attention-context parallelism is on.
+  Rank-replicated data -- the keys whose rank field is ``all...``, which is how the core's key
+  scheme marks MLA KV and the DSA indexer -- goes to rank 0's file of the same PP/CP group, so
+  every MLA rank reads the one copy that rank 0 writes.
+* **Slot size.** ``bytes_per_page`` (the payload capacity of a slot) is fixed when a file is
+  created: the ``bytes_per_page`` option if set, otherwise the *largest component page* over
+  the pools registered so far (``max(pool.component_nbytes)``; a component -- K, V, MLA KV,
+  Mamba temporal, conv_i, indexer -- is one stored object). A later component larger than the
+  slot (for example a pool registered after the file exists) fails with ``False`` and an error
+  log naming the sizes; an existing file keeps its geometry across restarts.
+* **Capacity.** ``num_slots`` slots, or as many as fit in ``file_size``. When full, the least
+  recently used slot is reused.
+* **Crash safety, sharing.** See :mod:`._slotfile`: a crash mid-write gives a miss, never wrong
+  bytes; writers serialise with ``flock`` and readers tail the index log, so several processes
+  (MLA ranks, a restarted server) can share the files.
+* **Draft KV** is not offloaded (``unsupported``): slots are sized for the target pages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hicache_core import (
+    BackendIOError,
+    BatchShapeError,
+    Capabilities,
+    DraftIo,
+    DraftIoMode,
+    IoOp,
+    KeyScheme,
+    OptionsError,
+    PoolError,
+    PoolName,
+    check_key,
+    hookimpl,
+)
+
+from ._slotfile import SUPERBLOCK_SIZE, SlotFile, slot_stride
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hicache_core import HostPool, StorageConfig
+
+__all__ = ["DRAFT_REASON", "Hf3fsBackend", "default_prefix"]
+
+log = logging.getLogger("hicache.hf3fs")
+
+DRAFT_REASON = (
+    "hf3fs page slots are sized for the target KV pages (bytes_per_page is fixed from the "
+    "registered target pools when the file is created), not for the draft pool"
+)
+
+
+def default_prefix() -> str:
+    """``{user cache dir}/hicache/hf3fs/hicache`` -- files are ``hicache.{rank}.bin`` in it."""
+    from platformdirs import user_cache_dir
+
+    return str(Path(user_cache_dir("hicache")) / "hf3fs" / "hicache")
+
+
+def _rank_tag(tp_rank: int, config: StorageConfig) -> str:
+    tag = str(tp_rank)
+    if config.pp_size > 1:
+        tag += f"-pp{config.pp_rank}"
+    if config.attn_cp_size > 1:
+        tag += f"-cp{config.attn_cp_rank}"
+    return tag
+
+
+def _is_replicated(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) == 5 and parts[3].startswith("all")
+
+
+def _raw(buf: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory (no copy)."""
+    n = buf.numel() * buf.element_size()
+    if n == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * n).from_address(buf.data_ptr())).cast("B")
+
+
+class Hf3fsBackend:
+    """3FS-usrbio-style v1 backend: one preallocated slot file per rank (module docstring)."""
+
+    class Options(BaseModel):
+        """Options of the ``hf3fs`` backend."""
+
+        model_config = ConfigDict(extra="forbid")
+
+        file_path_prefix: str | None = Field(
+            None,
+            description="files are {file_path_prefix}.{rank}.bin; default {user cache dir}/hicache/hf3fs/hicache",
+        )
+        file_size: int = Field(
+            16 << 30, ge=1 << 16, description="bytes per rank file (sparse unless fallocate)"
+        )
+        num_slots: int | None = Field(None, ge=1, description="page slots per file; overrides file_size")
+        bytes_per_page: int | None = Field(
+            None, ge=1, description="slot payload capacity; default: largest registered component page"
+        )
+        fsync: bool = Field(False, description="fsync data and index before acknowledging a set")
+        fallocate: bool = Field(False, description="reserve the file's blocks up front (posix_fallocate)")
+
+    capabilities = Capabilities(
+        v1=True,
+        v2=False,
+        zero_copy=False,
+        pools=frozenset({PoolName.KV, PoolName.MAMBA, PoolName.INDEXER}),
+        persistent=True,
+        shared=True,
+        draft_io=DraftIoMode.UNSUPPORTED,
+    )
+
+    def __init__(self, config: StorageConfig, options: Hf3fsBackend.Options) -> None:
+        self.config = config
+        self.options = options
+        self.prefix = Path(options.file_path_prefix or default_prefix()).expanduser()
+        self.own_tag = _rank_tag(config.tp_rank, config)
+        self.shared_tag = _rank_tag(0, config)
+        scheme = KeyScheme(config)
+        self._rank_fields = {scheme.rank_tag, scheme.replicated_tag}
+        self._component_bytes: dict[PoolName, int] = {}
+        self._files: dict[str, SlotFile] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ----------------------------------------------------------------- files
+    def path_for(self, tag: str) -> Path:
+        """The data file of rank tag ``tag`` (``{prefix}.{tag}.bin``)."""
+        return Path(f"{self.prefix}.{tag}.bin")
+
+    @property
+    def bytes_per_page(self) -> int | None:
+        """Slot payload size for new files: the option, else the largest registered component page."""
+        if self.options.bytes_per_page is not None:
+            return self.options.bytes_per_page
+        return max(self._component_bytes.values(), default=None)
+
+    def _file(self, tag: str, create: bool) -> SlotFile | None:
+        with self._lock:
+            if self._closed:
+                raise BackendIOError("the hf3fs store is closed; open a new one")
+            f = self._files.get(tag)
+            if f is not None:
+                return f
+            path = self.path_for(tag)
+            if not path.exists() and not create:
+                return None
+            capacity = self.bytes_per_page
+            if capacity is None and not path.exists():
+                raise PoolError(
+                    "hf3fs sizes its page slots from the registered pools; register a pool first "
+                    "(CacheController does) or set options.bytes_per_page"
+                )
+            num_slots = self.options.num_slots
+            if capacity is not None and num_slots is None:
+                num_slots = (self.options.file_size - SUPERBLOCK_SIZE) // slot_stride(capacity)
+                if num_slots < 1:
+                    raise OptionsError(
+                        f"hf3fs: file_size={self.options.file_size} cannot hold one slot of "
+                        f"{slot_stride(capacity)} bytes (bytes_per_page={capacity}); raise file_size "
+                        "or set num_slots"
+                    )
+            try:
+                f = SlotFile(
+                    path,
+                    capacity=capacity,
+                    num_slots=num_slots,
+                    fsync=self.options.fsync,
+                    fallocate=self.options.fallocate,
+                    create=create,
+                )
+            except FileNotFoundError:
+                return None
+            if capacity is not None and f.capacity != capacity:
+                log.warning(
+                    "hicache hf3fs: %s exists with %d-byte slots (registered pools need %d); keeping "
+                    "its geometry -- delete the files or use another file_path_prefix to change it",
+                    path,
+                    f.capacity,
+                    capacity,
+                )
+            self._files[tag] = f
+            return f
+
+    def _groups(self, keys: Sequence[str]) -> dict[str, list[int]]:
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            check_key(key)
+            tag = self.shared_tag if _is_replicated(key) else self.own_tag
+            groups.setdefault(tag, []).append(i)
+        return groups
+
+    # ----------------------------------------------------------------- hooks
+    @hookimpl
+    def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
+        """Record the pool's largest component page; it sizes the slots of files created later."""
+        name = PoolName(pool_name)
+        if name not in self.capabilities.pools:
+            raise PoolError(
+                f"hf3fs stores pools {sorted(p.value for p in self.capabilities.pools)}, not {name.value!r}"
+            )
+        self._component_bytes[name] = max(pool.component_nbytes)
+
+    @hookimpl
+    def hicache_draft_io_capability(self) -> DraftIo:
+        """Always ``unsupported``: page slots are sized for the target KV pages."""
+        return DraftIo(DraftIoMode.UNSUPPORTED, DRAFT_REASON)
+
+    @hookimpl
+    def hicache_batch_io_v1(
+        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+    ) -> list[bool]:
+        """Exists / get / set, one object (page component) per key, one slot per object."""
+        op = IoOp(op)
+        if op is not IoOp.EXISTS and (buffers is None or len(buffers) != len(keys)):
+            raise BatchShapeError(
+                f"hf3fs {op.value}: {len(keys)} keys but "
+                f"{'no' if buffers is None else len(buffers)} buffers; pass one buffer per key"
+            )
+        if not keys:
+            return []
+        out = [False] * len(keys)
+        for tag, idx in self._groups(keys).items():
+            f = self._file(tag, create=op is IoOp.SET)
+            if f is None:
+                continue  # nothing was ever written for this rank: all misses
+            sub = [keys[i] for i in idx]
+            if op is IoOp.EXISTS:
+                flags = f.exists(sub)
+            elif op is IoOp.GET:
+                assert buffers is not None
+                flags = self._get(f, sub, [buffers[i] for i in idx])
+            else:
+                assert buffers is not None
+                flags = self._set(f, sub, [buffers[i] for i in idx])
+            for i, ok in zip(idx, flags):
+                out[i] = ok
+        return out
+
+    def _get(self, f: SlotFile, keys: list[str], buffers: list[torch.Tensor]) -> list[bool]:
+        for b in buffers:
+            _check_buffer(b)
+
+        def deliver(i: int, payload: memoryview) -> None:
+            buf = buffers[i]
+            if buf.is_contiguous():
+                _raw(buf)[:] = payload
+            else:
+                import torch
+
+                src = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+                buf.copy_(src.view(buf.shape))
+
+        return f.get([(k, b.numel()) for k, b in zip(keys, buffers)], deliver)
+
+    def _set(self, f: SlotFile, keys: list[str], buffers: list[torch.Tensor]) -> list[bool]:
+        items: list[tuple[str, memoryview]] = []
+        keep: list[Any] = []
+        too_big: list[int] = []
+        for key, buf in zip(keys, buffers):
+            _check_buffer(buf)
+            if buf.numel() > f.capacity:
+                too_big.append(buf.numel())
+            src = buf if buf.is_contiguous() else buf.contiguous()
+            keep.append(src)  # keep copies alive while their bytes are written
+            items.append((key, _raw(src)))
+        if too_big:
+            log.error(
+                "hicache hf3fs: %d object(s) of up to %d bytes exceed the %d-byte page slots of %s; "
+                "they are not stored (the file was created for smaller pages: delete it or use "
+                "another file_path_prefix so bytes_per_page is derived from all registered pools)",
+                len(too_big),
+                max(too_big),
+                f.capacity,
+                f.path,
+            )
+        return f.put(items)
+
+    @hookimpl
+    def hicache_clear(self, namespace: str) -> int:
+        """Release this rank's (and the replicated) slots of ``namespace``; other ranks keep theirs."""
+        prefix = namespace + "."
+
+        def mine(key: str) -> bool:
+            if not key.startswith(prefix):
+                return False
+            parts = key.split(".")
+            return len(parts) != 5 or parts[3] in self._rank_fields
+
+        removed = 0
+        for tag in dict.fromkeys((self.own_tag, self.shared_tag)):
+            f = self._file(tag, create=False)
+            if f is not None:
+                removed += f.remove(mine)
+        return removed
+
+    @hookimpl
+    def hicache_close(self) -> None:
+        """Close the files (the data stays for the next open)."""
+        with self._lock:
+            self._closed = True
+            files, self._files = list(self._files.values()), {}
+        for f in files:
+            f.close()
+
+
+def _check_buffer(buf: torch.Tensor) -> None:
+    if buf.element_size() != 1 or buf.device.type != "cpu":
+        raise BatchShapeError(
+            f"hf3fs buffers must be torch.uint8 CPU tensors (page-component views), got "
+            f"{buf.dtype} on {buf.device}"
+        )

@@ -1,0 +1,158 @@
+"""``eic``, ``nixl``, ``simm``: declared backends whose transports need a vendor SDK.
+
+Each class states what the real integration can do (its :class:`~hicache_core.Capabilities`,
+as SGLang's backend of the same name does it) so ``hicache backends`` can list it, and
+reports through ``availability()`` that it cannot run here. The core refuses to open a backend
+whose ``availability()`` gives a reason (:class:`~hicache_core.BackendUnavailableError`); the
+constructor and every I/O hook raise the same error, so no code path stores or returns data.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from hicache_core import (
+    BackendUnavailableError,
+    Capabilities,
+    DraftIo,
+    DraftIoMode,
+    IoOp,
+    PoolName,
+    PoolTransfer,
+    hookimpl,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hicache_core import HostPool
+
+__all__ = ["EicBackend", "NixlBackend", "SimmBackend", "VendorSdkBackend"]
+
+_DIST = "hicache-hf3fs-stub"
+
+
+class VendorSdkBackend:
+    """Base of the SDK-gated backends: subclasses only fill in the class attributes."""
+
+    backend_name: ClassVar[str]
+    """The entry-point name (``hicache.backends``) this class is published under."""
+    sdk: ClassVar[str]
+    """Human name of the vendor SDK."""
+    sdk_module: ClassVar[str]
+    """Top-level Python module of the SDK (probed with ``find_spec``, never imported)."""
+    install: ClassVar[str]
+    """How to install the SDK."""
+    capabilities: ClassVar[Capabilities]
+
+    class Options(BaseModel):
+        """No options: the backend cannot be opened without its vendor SDK."""
+
+        model_config = ConfigDict(extra="forbid")
+
+    @classmethod
+    def sdk_installed(cls) -> bool:
+        """Whether the SDK's module can be found (it is not imported)."""
+        try:
+            return importlib.util.find_spec(cls.sdk_module) is not None
+        except (ImportError, ValueError):
+            return False
+
+    @classmethod
+    def availability(cls) -> str:
+        """Why this backend cannot run here (always a reason: this distribution has no transport)."""
+        if not cls.sdk_installed():
+            return f"needs the vendor SDK ({cls.sdk}; install {cls.install})"
+        return (
+            f"needs a transport for the vendor SDK ({cls.sdk}), which is installed, but {_DIST} only "
+            f"declares {cls.backend_name!r}; install a full {cls.backend_name} hicache plugin"
+        )
+
+    @classmethod
+    def draft_reason(cls) -> str:
+        return (
+            f"{cls.backend_name} stores target KV pages only: draft KV offload is not implemented for "
+            f"the {cls.sdk} integration"
+        )
+
+    def __init__(self, config: Any, options: Any) -> None:
+        self._refuse()
+
+    @classmethod
+    def _refuse(cls) -> None:
+        raise BackendUnavailableError(f"backend {cls.backend_name!r} cannot run here: {cls.availability()}")
+
+    @hookimpl
+    def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
+        self._refuse()
+
+    @hookimpl
+    def hicache_draft_io_capability(self) -> DraftIo:
+        """``unsupported``: draft KV is not offloaded by these integrations."""
+        return DraftIo(DraftIoMode.UNSUPPORTED, self.draft_reason())
+
+    @hookimpl
+    def hicache_batch_io_v1(
+        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+    ) -> list[bool]:
+        self._refuse()
+        raise AssertionError  # pragma: no cover - _refuse always raises
+
+    @hookimpl
+    def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
+        self._refuse()
+        raise AssertionError  # pragma: no cover - _refuse always raises
+
+
+class EicBackend(VendorSdkBackend):
+    """Volcano Engine EIC (Elastic Instant Cache): a distributed KV-cache service over RDMA."""
+
+    backend_name = "eic"
+    sdk = "Volcano Engine EIC client, Python module `eic`"
+    sdk_module = "eic"
+    install = "the EIC Python SDK from Volcano Engine (https://www.volcengine.com/docs/85848/1749188)"
+    capabilities = Capabilities(
+        v1=True,
+        pools=frozenset({PoolName.KV}),
+        persistent=True,
+        shared=True,
+        draft_io=DraftIoMode.UNSUPPORTED,
+    )
+
+
+class NixlBackend(VendorSdkBackend):
+    """NVIDIA NIXL: one transfer API over POSIX/GDS/3FS/object-store plugins, zero-copy for page_first."""
+
+    backend_name = "nixl"
+    sdk = "NVIDIA Inference Xfer Library, Python module `nixl`"
+    sdk_module = "nixl"
+    install = "`pip install nixl` (https://github.com/ai-dynamo/nixl)"
+    capabilities = Capabilities(
+        v1=True,
+        v2=True,
+        zero_copy=True,
+        pools=frozenset({PoolName.KV, PoolName.MAMBA}),
+        persistent=True,
+        shared=True,
+        draft_io=DraftIoMode.UNSUPPORTED,
+    )
+
+
+class SimmBackend(VendorSdkBackend):
+    """Scitix SiMM (In-Memory Middleware): a distributed memory pool over RDMA."""
+
+    backend_name = "simm"
+    sdk = "Scitix SiMM client, Python module `simm`"
+    sdk_module = "simm"
+    install = "SiMM from source (https://github.com/scitix/SiMM)"
+    capabilities = Capabilities(
+        v1=True,
+        pools=frozenset({PoolName.KV}),
+        persistent=True,
+        shared=True,
+        draft_io=DraftIoMode.UNSUPPORTED,
+    )

@@ -1,0 +1,204 @@
+"""``MooncakeOptions``: the backend's options, with SGLang-compatible names and env loading.
+
+Precedence, highest first: explicit options (config file ``options`` / ``--options``), the JSON
+file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, the ``MOONCAKE_*`` environment variables
+SGLang reads, then the defaults below. ``load_env=False`` ignores the file and the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["CONFIG_PATH_ENV", "ENV_FIELDS", "MooncakeOptions", "parse_size", "resolve_device"]
+
+CONFIG_PATH_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
+
+# environment variable -> option field (first variable found wins for a field)
+ENV_FIELDS: tuple[tuple[str, str], ...] = (
+    ("MOONCAKE_MASTER", "master_server_address"),
+    ("MOONCAKE_CLIENT", "client_server_address"),
+    ("MOONCAKE_LOCAL_HOSTNAME", "local_hostname"),
+    ("LOCAL_HOSTNAME", "local_hostname"),
+    ("MOONCAKE_TE_META_DATA_SERVER", "metadata_server"),
+    ("MOONCAKE_GLOBAL_SEGMENT_SIZE", "global_segment_size"),
+    ("SGLANG_MOONCAKE_LOCAL_BUFFER_SIZE", "local_buffer_size"),
+    ("MOONCAKE_PROTOCOL", "protocol"),
+    ("MOONCAKE_DEVICE", "device_name"),
+    ("MOONCAKE_MASTER_METRICS_PORT", "master_metrics_port"),
+    ("MOONCAKE_CHECK_SERVER", "check_server"),
+    ("MOONCAKE_STANDALONE_STORAGE", "standalone_storage"),
+    ("MOONCAKE_ENABLE_SSD_OFFLOAD", "enable_ssd_offload"),
+    ("MOONCAKE_OFFLOAD_FILE_STORAGE_PATH", "ssd_offload_path"),
+    ("MOONCAKE_TENANT_ID", "tenant_id"),
+    ("MOONCAKE_SETUP_TIMEOUT", "setup_timeout_s"),
+)
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+    "tib": 1 << 40,
+}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string such as ``"4gb"``, ``"512 MB"``, ``"16MiB"`` (units of 1024)."""
+    if isinstance(value, bool):
+        raise ValueError(f"a size must be a number of bytes or a string like '4gb', got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.fullmatch(value)
+        if m and m.group(2).lower() in _UNITS:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(f"a size must be a number of bytes or a string like '4gb' or '512MB', got {value!r}")
+
+
+def resolve_device(device_name: str, tp_rank: int) -> str:
+    """``MOONCAKE_DEVICE`` may be a JSON object keyed by TP rank (SGLang); pick this rank's entry."""
+    text = device_name.strip()
+    if text.startswith("{"):
+        try:
+            table = json.loads(text)
+        except json.JSONDecodeError:
+            return device_name
+        if isinstance(table, dict):
+            return str(table.get(str(tp_rank), ""))
+    return device_name
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for var, field in ENV_FIELDS:
+        if field not in out and environ.get(var, "") != "":
+            out[field] = environ[var]
+    path = environ.get(CONFIG_PATH_ENV, "")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{CONFIG_PATH_ENV}={path!r} is not a readable JSON file: {err}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{CONFIG_PATH_ENV}={path!r} must hold a JSON object")
+        out.update(data)
+    return out
+
+
+class MooncakeOptions(BaseModel):
+    """Options of the ``mooncake`` backend (names follow SGLang's ``MooncakeStoreConfig``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    master_server_address: str = Field(
+        "127.0.0.1:50051", description="host:port of mooncake_master's RPC service (MOONCAKE_MASTER)"
+    )
+    metadata_server: str = Field(
+        "P2PHANDSHAKE",
+        description="transfer-engine metadata: 'P2PHANDSHAKE' or the master's "
+        "'http://host:port/metadata' (required when a mooncake_client shares the cluster)",
+    )
+    protocol: str = Field("tcp", description="transfer protocol: 'tcp' or 'rdma'")
+    device_name: str = Field("", description="RDMA device(s); may be a JSON object keyed by TP rank")
+    local_hostname: str = Field("localhost", description="address this client advertises to peers")
+    global_segment_size: int = Field(
+        4 << 30, ge=0, description="bytes this process contributes to the pool (divided by tp*pp)"
+    )
+    local_buffer_size: int = Field(16 << 20, ge=0, description="transfer-engine local buffer bytes")
+    standalone_storage: bool = Field(
+        False, description="attach as a dummy client to a separate mooncake_client (setup_dummy)"
+    )
+    client_server_address: str | None = Field(
+        None, description="host:port of the mooncake_client for standalone_storage (MOONCAKE_CLIENT)"
+    )
+    master_metrics_port: int = Field(9003, ge=1, le=65535, description="master admin/metrics port")
+    check_server: bool = Field(False, description="wait for the master's /health before setup")
+    enable_ssd_offload: bool = False
+    ssd_offload_path: str | None = None
+    tenant_id: str = "default"
+    mem_pool_size: int = Field(
+        0, ge=0, description="standalone: size announced to setup_dummy (0: the local buffer size)"
+    )
+    setup_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="bound on reaching the master / client and on setup"
+    )
+    probe_timeout_s: float = Field(
+        0.5, gt=0, le=30, description="TCP probe bound while the master or client is unreachable"
+    )
+    health_probe_interval_s: float = Field(
+        1.0, ge=0, le=60, description="background TCP probe period of the master / client (0: off)"
+    )
+    max_keys_per_call: int = Field(
+        2048, ge=1, le=2048, description="keys per store call (TCP lanes reject larger batches)"
+    )
+    replica_num: int = Field(1, ge=1, le=16)
+    overwrite: bool = Field(
+        False,
+        description="SET replaces existing objects (upsert); by default an existing key is kept "
+        "(pages are content-addressed) and reported stored",
+    )
+    staging_buffer_size: int = Field(
+        32 << 20, ge=1 << 20, description="registered bounce buffer for views outside registered memory"
+    )
+    load_env: bool = Field(True, description="read MOONCAKE_* variables and the SGLang config file")
+
+    @field_validator(
+        "global_segment_size", "local_buffer_size", "mem_pool_size", "staging_buffer_size", mode="before"
+    )
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value)
+
+    @field_validator("master_server_address", "client_server_address")
+    @classmethod
+    def _hostport(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected 'host:port', got {value!r}")
+        return value
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocol(cls, value: str) -> str:
+        if value not in ("tcp", "rdma"):
+            raise ValueError(f"protocol must be 'tcp' or 'rdma', got {value!r}")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _env(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        if not data.get("load_env", True) or str(data.get("load_env")).lower() in ("false", "0"):
+            return data
+        return {**_from_env(os.environ), **data}
+
+    @model_validator(mode="after")
+    def _check(self) -> MooncakeOptions:
+        if self.standalone_storage and not self.client_server_address:
+            raise ValueError(
+                "standalone_storage=True needs client_server_address ('host:port' of the "
+                "mooncake_client; or set MOONCAKE_CLIENT)"
+            )
+        return self

@@ -1,0 +1,350 @@
+"""``MooncakeBackend``: the hicache storage backend on the real Mooncake distributed store.
+
+* v2 is zero-copy: every pool's buffers are registered in ``hicache_register_pool`` and a v2
+  call moves all pools of a batch with ONE chunked ``batch_is_exist`` / ``batch_put_from`` /
+  ``batch_get_into`` over ``(ptr, size)`` page components.
+* v1 moves page-component views: registered contiguous views go direct, registered strided
+  (``layer_first``) views use the multi-buffer calls, anything else goes through a registered
+  bounce buffer.
+* Standalone mode (``standalone_storage``) attaches to a separate ``mooncake_client`` with
+  ``setup_dummy``; pool memory then comes from the store's shared pool through
+  ``hicache_alloc_host_memory`` (the controller sizes it with
+  :func:`hicache_core.sizing.standalone_required_bytes`).
+* Overwrite: Mooncake's ``put`` keeps the OLD value of an existing key. Pages are
+  content-addressed, so by default an existing key is kept and reported stored; with
+  ``overwrite=True`` every SET uses ``batch_upsert_from`` and replaces the stored bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from hicache_core import (
+    BatchShapeError,
+    Capabilities,
+    DraftIo,
+    DraftIoMode,
+    IoOp,
+    Layout,
+    PoolError,
+    PoolName,
+    PoolTransfer,
+    StorageConfig,
+    hookimpl,
+)
+
+from ._client import INSTALL_HINT, StoreLink
+from ._options import MooncakeOptions
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from hicache_core import HostPool
+
+__all__ = ["MooncakeBackend"]
+
+log = logging.getLogger("hicache.mooncake")
+
+
+@dataclass
+class _Pool:
+    """A registered pool: its components' ``(base, page stride, page size)`` and zero-copy state."""
+
+    pool: HostPool
+    metas: list[tuple[int, int, int]]
+    direct: bool  # page_first and every buffer inside registered memory
+
+
+def _flat(values: Sequence[Sequence[Any]]) -> list[Any]:
+    return [v for group in values for v in group]
+
+
+class MooncakeBackend:
+    """Pages on a Mooncake cluster: embedded (``setup``) or standalone (``setup_dummy``)."""
+
+    Options = MooncakeOptions
+    capabilities = Capabilities(
+        v1=True,
+        v2=True,
+        zero_copy=True,
+        pools=frozenset(PoolName),
+        persistent=False,
+        shared=True,
+        draft_io=DraftIoMode.ZERO_COPY_V2,
+    )
+
+    @classmethod
+    def availability(cls) -> str | None:
+        """``None`` when ``mooncake.store`` imports, else why not and how to fix it."""
+        try:
+            import mooncake.store  # noqa: F401
+        except ImportError as err:
+            return f"cannot import mooncake.store ({err}); {INSTALL_HINT}"
+        return None
+
+    def __init__(self, config: StorageConfig, options: MooncakeOptions) -> None:
+        self.config = config
+        self.options = options
+        self.link = StoreLink(options, tp_rank=config.tp_rank, ranks=config.tp_size * config.pp_size)
+        self._pools: dict[PoolName, _Pool] = {}
+        self._staging: torch.Tensor | None = None
+        self._staging_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ pools
+    @hookimpl
+    def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
+        name = PoolName(pool_name)
+        owner = f"pool:{name.value}"
+        if name in self._pools:
+            self.link.release(owner)
+        registered = True
+        for buf in pool.buffers():
+            nbytes = buf.numel() * buf.element_size()
+            registered &= self.link.register(buf.data_ptr(), nbytes, owner, buf)
+        metas: list[tuple[int, int, int]] = []
+        page_first = pool.layout is Layout.PAGE_FIRST
+        if page_first:
+            metas = [
+                (b.data_ptr(), b.stride(0) * b.element_size(), n)
+                for b, n in zip(pool.buffers(), pool.component_nbytes)
+            ]
+        if not registered:
+            log.warning(
+                "hicache mooncake: pool %r is not in memory the store can register (%s mode); its pages "
+                "are copied through a bounce buffer. Build pools with allocate=False so the controller "
+                "takes their memory from the store.",
+                name.value,
+                "standalone" if self.link.standalone else "embedded",
+            )
+        self._pools[name] = _Pool(pool, metas, registered and page_first)
+
+    @hookimpl
+    def hicache_alloc_host_memory(self, nbytes: int) -> torch.Tensor | None:
+        if not self.link.standalone:
+            return None  # embedded: plain torch memory, registered per pool
+        return self.link.alloc_shared(nbytes, owner="alloc")  # type: ignore[no-any-return]
+
+    @hookimpl
+    def hicache_draft_io_capability(self) -> DraftIo:
+        if self.config.should_split_heads:
+            return DraftIo(
+                DraftIoMode.UNSUPPORTED,
+                "should_split_heads=True: draft pages split across heads do not map to whole "
+                "registered page components, so zero-copy v2 draft I/O is off",
+            )
+        return DraftIo(DraftIoMode.ZERO_COPY_V2, "draft pool registered and moved with the target pages")
+
+    # --------------------------------------------------------------------- v2
+    def _pool(self, name: PoolName) -> _Pool:
+        try:
+            return self._pools[name]
+        except KeyError:
+            raise PoolError(
+                f"mooncake: pool {name.value!r} is not registered with this store (registered: "
+                f"{[p.value for p in self._pools]}); attach it through CacheController first"
+            ) from None
+
+    @hookimpl
+    def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
+        op = IoOp(op)
+        if not transfers:
+            return []
+        pools = [self._pool(t.pool) for t in transfers]
+        for t, p in zip(transfers, pools):
+            if len(t) and len(t.keys) != len(t):
+                raise BatchShapeError(
+                    f"mooncake: transfer for pool {t.pool.value!r} carries {len(t.keys)} key tuples for "
+                    f"{len(t)} pages; resolve keys with store.page_keys() (CacheController does)"
+                )
+            ncomp = len(p.pool.components)
+            if any(len(k) != ncomp for k in t.keys):
+                raise BatchShapeError(
+                    f"mooncake: pool {t.pool.value!r} has {ncomp} components per page; every key tuple "
+                    "must name one key per component"
+                )
+            if op is not IoOp.EXISTS:
+                p.pool.check_indices(t.host_indices)
+        counts = [len(t) * len(p.pool.components) for t, p in zip(transfers, pools)]
+        if op is IoOp.EXISTS:
+            flags = self.link.exists(_flat([_flat(t.keys) for t in transfers]))
+            return self._per_page(flags, transfers, pools, counts)
+        direct = [p.direct for p in pools]
+        keys: list[str] = []
+        ptrs: list[int] = []
+        sizes: list[int] = []
+        for t, p in zip(transfers, pools):
+            if not p.direct or not len(t):
+                continue
+            keys += _flat(t.keys)
+            for i in t.host_indices:
+                for base, stride, size in p.metas:
+                    ptrs.append(base + i * stride)
+                    sizes.append(size)
+        flags = (self.link.put if op is IoOp.SET else self.link.get)(keys, ptrs, sizes) if keys else []
+        out: list[list[bool]] = []
+        off = 0
+        for t, p, n, d in zip(transfers, pools, counts, direct):
+            if d:
+                part, off = flags[off : off + n], off + n
+            else:  # not zero-copy capable: copy its page views through the bounce buffer
+                views = _flat(p.pool.page_views(t.host_indices)) if len(t) else []
+                part = self._v1(op, _flat(t.keys), views)
+            out.append(self._group(part, len(p.pool.components)))
+        return out
+
+    def _per_page(
+        self, flags: list[bool], transfers: Sequence[PoolTransfer], pools: list[_Pool], counts: list[int]
+    ) -> list[list[bool]]:
+        out, off = [], 0
+        for p, n in zip(pools, counts):
+            out.append(self._group(flags[off : off + n], len(p.pool.components)))
+            off += n
+        return out
+
+    @staticmethod
+    def _group(flags: list[bool], ncomp: int) -> list[bool]:
+        if ncomp == 1:
+            return flags
+        return [all(flags[j : j + ncomp]) for j in range(0, len(flags), ncomp)]
+
+    # --------------------------------------------------------------------- v1
+    @hookimpl
+    def hicache_batch_io_v1(
+        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+    ) -> list[bool]:
+        op = IoOp(op)
+        if op is IoOp.EXISTS:
+            return self.link.exists(keys) if keys else []
+        if buffers is None or len(buffers) != len(keys):
+            raise BatchShapeError(
+                f"mooncake: {op.value} needs one buffer per key ({len(keys)} keys, "
+                f"{'no' if buffers is None else len(buffers)} buffers)"
+            )
+        for b in buffers:
+            if b.dtype.itemsize != 1 or b.device.type != "cpu":
+                raise BatchShapeError(
+                    f"mooncake: buffers must be torch.uint8 CPU views, got {b.dtype} on {b.device}"
+                )
+        return self._v1(op, list(keys), list(buffers))
+
+    def _v1(self, op: IoOp, keys: list[str], views: list[torch.Tensor]) -> list[bool]:
+        """Move views: direct when registered and contiguous, multi-range when strided, else bounced."""
+        out = [False] * len(keys)
+        d_idx: list[int] = []
+        d_ptr: list[int] = []
+        d_size: list[int] = []
+        m_idx: list[int] = []
+        m_ptr: list[list[int]] = []
+        m_size: list[list[int]] = []
+        s_idx: list[int] = []
+        covers = self.link.covers
+        for i, v in enumerate(views):
+            n = v.numel()
+            if n == 0:
+                s_idx.append(i)
+            elif v.is_contiguous():
+                if covers(v.data_ptr(), n):
+                    d_idx.append(i)
+                    d_ptr.append(v.data_ptr())
+                    d_size.append(n)
+                else:
+                    s_idx.append(i)
+            elif (
+                v.dim() == 2
+                and v.stride(1) == 1
+                and not (op is IoOp.SET and self.options.overwrite)  # no multi-range upsert
+                and covers(v.data_ptr(), (v.shape[0] - 1) * v.stride(0) + v.shape[1])
+            ):
+                m_idx.append(i)
+                m_ptr.append([v.data_ptr() + r * v.stride(0) for r in range(v.shape[0])])
+                m_size.append([v.shape[1]] * v.shape[0])
+            else:
+                s_idx.append(i)
+        if d_idx:
+            fn = self.link.put if op is IoOp.SET else self.link.get
+            for i, ok in zip(d_idx, fn([keys[i] for i in d_idx], d_ptr, d_size)):
+                out[i] = ok
+        if m_idx:
+            fm = self.link.put_ranges if op is IoOp.SET else self.link.get_ranges
+            for i, ok in zip(m_idx, fm([keys[i] for i in m_idx], m_ptr, m_size)):
+                out[i] = ok
+        if s_idx:
+            for i, ok in zip(s_idx, self._bounced(op, [keys[i] for i in s_idx], [views[i] for i in s_idx])):
+                out[i] = ok
+        return out
+
+    def _staging_buffer(self) -> torch.Tensor:
+        if self._staging is None:
+            import torch
+
+            n = self.options.staging_buffer_size
+            if self.link.standalone:
+                self._staging = self.link.alloc_shared(n, owner="staging")
+            else:
+                buf = torch.empty(n, dtype=torch.uint8)
+                if not self.link.register(buf.data_ptr(), n, "staging", buf):
+                    raise BatchShapeError("mooncake: could not register the bounce buffer")
+                self._staging = buf
+        return self._staging
+
+    def _bounced(self, op: IoOp, keys: list[str], views: list[torch.Tensor]) -> list[bool]:
+        """Copy through the registered bounce buffer, in rounds that fit it."""
+        out = [False] * len(keys)
+        with self._staging_lock:
+            stage = self._staging_buffer()
+            cap = stage.numel()
+            i = 0
+            while i < len(keys):
+                batch: list[int] = []
+                offs: list[int] = []
+                used = 0
+                while i < len(keys) and used + views[i].numel() <= cap:
+                    if views[i].numel() == 0:
+                        i += 1  # an empty object cannot be stored
+                        continue
+                    batch.append(i)
+                    offs.append(used)
+                    used += (views[i].numel() + 63) // 64 * 64
+                    i += 1
+                if not batch:
+                    if i < len(keys):
+                        log.warning(
+                            "hicache mooncake: a %d-byte view exceeds staging_buffer_size=%d; raise it",
+                            views[i].numel(),
+                            cap,
+                        )
+                        i += 1
+                    continue
+                base = stage.data_ptr()
+                ptrs = [base + o for o in offs]
+                sizes = [views[j].numel() for j in batch]
+                slots = [stage[o : o + s] for o, s in zip(offs, sizes)]
+                if op is IoOp.SET:
+                    for j, slot in zip(batch, slots):
+                        slot.view(views[j].shape).copy_(views[j])
+                    res = self.link.put([keys[j] for j in batch], ptrs, sizes)
+                else:
+                    res = self.link.get([keys[j] for j in batch], ptrs, sizes)
+                    for j, slot, ok in zip(batch, slots, res):
+                        if ok:
+                            views[j].copy_(slot.view(views[j].shape))
+                for j, ok in zip(batch, res):
+                    out[j] = ok
+        return out
+
+    # ------------------------------------------------------------------ admin
+    @hookimpl
+    def hicache_clear(self, namespace: str) -> int:
+        return self.link.remove_prefix(namespace + ".")
+
+    @hookimpl
+    def hicache_close(self) -> None:
+        self._pools.clear()
+        self.link.close()
+
+    def __repr__(self) -> str:
+        return f"MooncakeBackend({self.link.where}, pools={[p.value for p in self._pools]})"

@@ -1,0 +1,87 @@
+"""The suite must fail deliberately broken backends, each defect by a named test.
+
+The backends in ``broken_backends.py`` are installed as a throwaway distribution and the suite
+runs against all of them in ONE pytest subprocess (a generated test module with one
+``BackendConformance`` subclass per backend). The JUnit report then tells, per backend, which
+tests failed: every defect's named tests must fail with a message saying why, the correct
+reference backend must pass everything, and discovery must still pass for every defect (so
+each failure comes from the defect, not from a broken setup).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from tests.conformance.broken_backends import DEFECTS
+from tests.support.distinfo import installed_dist
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+MODULE = "hicache_broken_backends"
+
+
+def _class_name(backend: str) -> str:
+    return "Test_" + backend.replace("-", "_")
+
+
+@pytest.fixture(scope="module")
+def junit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, tuple[str, str]]]:
+    """Run the suite against every backend in DEFECTS; return class -> test -> (outcome, text)."""
+    root = tmp_path_factory.mktemp("broken")
+    source = (HERE / "broken_backends.py").read_text()
+    eps = {name: f"{MODULE}:{cls}" for name, (cls, _, _) in DEFECTS.items()}
+    suite_dir = root / "suite"
+    suite_dir.mkdir()
+    lines = ["from hicache_core.testing import BackendConformance", ""]
+    for name in DEFECTS:
+        lines += [f"class {_class_name(name)}(BackendConformance):", f"    backend = {name!r}", ""]
+    (suite_dir / "test_broken_suite.py").write_text("\n".join(lines))
+    report = root / "junit.xml"
+    with installed_dist(root / "site", "hicache-broken-backends", {"hicache.backends": eps}, {MODULE: source}):
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "site"), str(REPO)]))
+        env.pop("PYTEST_ADDOPTS", None)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", str(suite_dir), "-q", "-p", "no:cacheprovider",
+             "--rootdir", str(suite_dir), "-o", "addopts=", "--tb=short", f"--junitxml={report}"],
+            cwd=suite_dir, env=env, capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+    assert report.exists(), f"pytest did not run (exit {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    out: dict[str, dict[str, tuple[str, str]]] = {}
+    for case in ET.parse(report).getroot().iter("testcase"):
+        cls = case.get("classname", "").rsplit(".", 1)[-1]
+        outcome, text = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                text = f"{node.get('message', '')}\n{node.text or ''}"
+                break
+        out.setdefault(cls, {})[case.get("name", "")] = (outcome, text)
+    return out
+
+
+def test_reference_backend_passes(junit: dict[str, dict[str, tuple[str, str]]]) -> None:
+    results = junit[_class_name("good-memory")]
+    bad = {name: r[1][-600:] for name, r in results.items() if r[0] in ("failed", "error")}
+    assert not bad, f"the correct reference backend failed: {bad}"
+    assert sum(r[0] == "passed" for r in results.values()) >= 50
+
+
+@pytest.mark.parametrize("backend", [name for name in DEFECTS if name != "good-memory"])
+def test_defect_is_caught_by_name(junit: dict[str, dict[str, tuple[str, str]]], backend: str) -> None:
+    _, must_fail, reason = DEFECTS[backend]
+    results = junit[_class_name(backend)]
+    for test in must_fail:
+        outcome, text = results[test]
+        assert outcome == "failed", f"{backend}: {test} should fail but {outcome}"
+        assert reason in text, f"{backend}: {test} failed without saying {reason!r}:\n{text[-1500:]}"
+    for test in ("test_discovery_entry_point_resolves", "test_discovery_metadata"):
+        assert results[test][0] == "passed", f"{backend}: {test} should pass: {results[test][1][-800:]}"
+    failed = sorted(t for t, r in results.items() if r[0] != "passed" and r[0] != "skipped")
+    assert len(failed) < len(results) // 2, f"{backend}: too many failures for one defect: {failed}"

@@ -1,0 +1,60 @@
+"""Shared helpers of the file backend tests (imported as a sibling module)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hicache_core import HostPool, Layout, StorageConfig
+
+
+def config(root: str | os.PathLike[str], **kw: Any) -> StorageConfig:
+    """A ``file`` backend config rooted at ``root`` (extra options via ``options=``)."""
+    options = {"root": str(root), **kw.pop("options", {})}
+    return StorageConfig(backend="file", options=options, **kw)
+
+
+def fill(pool: HostPool, seed: int) -> None:
+    """Deterministic random bytes in every component buffer."""
+    g = torch.Generator().manual_seed(seed)
+    for b in pool.buffers():
+        b.copy_(torch.randint(0, 256, tuple(b.shape), dtype=torch.uint8, generator=g))
+
+
+def pages(pool: HostPool, slots: Sequence[int]) -> list[bytes]:
+    """The bytes of each (slot, component), in layer-major order (layout independent)."""
+    out = []
+    for views in pool.page_views(list(slots)):
+        for v in views:
+            out.append(v.contiguous().numpy().tobytes())
+    return out
+
+
+def zero(pool: HostPool) -> None:
+    for b in pool.buffers():
+        b.zero_()
+
+
+def page_slice(pool: HostPool, n: int) -> list[torch.Tensor]:
+    """The first ``n`` pages of every component buffer."""
+    if pool.layout is Layout.PAGE_FIRST:
+        return [b[:n] for b in pool.buffers()]
+    return [b[:, :n] for b in pool.buffers()]
+
+
+def files_under(root: str | os.PathLike[str]) -> list[str]:
+    """Every regular file below ``root`` (relative paths), excluding the format marker."""
+    out = []
+    for d, _, names in os.walk(root):
+        for n in names:
+            rel = os.path.relpath(os.path.join(d, n), root)
+            if rel != ".hicache-file.json":
+                out.append(rel)
+    return sorted(out)
+
+
+def temp_files(root: str | os.PathLike[str]) -> list[str]:
+    return [f for f in files_under(root) if os.path.basename(f).startswith(".tmp-")]

@@ -1,0 +1,131 @@
+"""Corrupt, truncated, misplaced or foreign files read as misses, are counted, logged and removed."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Callable
+
+import pytest
+import torch
+from file_helpers import config, fill, pages, zero
+
+from hicache_core import CacheController, IoOp, MHAKVPool, open_store, page_hashes
+
+KEY = "ns-x.kv.k.tp0of1.00aa11bb22cc"
+OTHER = "ns-x.kv.k.tp0of1.99ff88ee77dd"
+N = 4096
+
+
+def _flip(offset: int) -> Callable[[str], None]:
+    def damage(path: str) -> None:
+        pos = offset if offset >= 0 else os.path.getsize(path) + offset
+        with open(path, "r+b") as f:
+            f.seek(pos)
+            b = f.read(1)
+            f.seek(pos)
+            f.write(bytes([b[0] ^ 0x10]))
+
+    return damage
+
+
+def _truncate(path: str) -> None:
+    os.truncate(path, os.path.getsize(path) - 1)
+
+
+def _truncate_header(path: str) -> None:
+    os.truncate(path, 10)
+
+
+def _append(path: str) -> None:
+    with open(path, "ab") as f:
+        f.write(b"x")
+
+
+def _empty(path: str) -> None:
+    os.truncate(path, 0)
+
+
+DAMAGE = {
+    "payload bit flip": _flip(-100),
+    "checksum bit flip": _flip(17),
+    "magic": _flip(0),
+    "version": _flip(4),
+    "key bit flip": _flip(30),
+    "truncated payload": _truncate,
+    "truncated header": _truncate_header,
+    "empty file": _empty,
+    "trailing data": _append,
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_damaged_page_is_a_counted_miss_and_removed(tmp_path, kind: str, caplog) -> None:
+    data = torch.randint(0, 256, (N,), dtype=torch.uint8)
+    with open_store(config(tmp_path)) as store:
+        backend = store.backend
+        assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
+        path = backend.path_of(KEY)
+        DAMAGE[kind](path)
+        out = torch.zeros(N, dtype=torch.uint8)
+        with caplog.at_level(logging.WARNING, logger="hicache.file"):
+            assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [False]
+        assert backend.stats.integrity_errors == 1
+        assert backend.integrity_errors == 1
+        assert "corrupt page" in caplog.text and path in caplog.text
+        assert not os.path.exists(path), "a corrupt page must be removed so it can be rewritten"
+        assert store.batch_io_v1(IoOp.EXISTS, [KEY]) == [False]
+        assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
+        assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True]
+        assert torch.equal(out, data)
+
+
+def test_wrong_key_in_header_is_detected(tmp_path) -> None:
+    a = torch.randint(0, 256, (N,), dtype=torch.uint8)
+    b = torch.randint(0, 256, (N,), dtype=torch.uint8)
+    with open_store(config(tmp_path)) as store:
+        backend = store.backend
+        assert store.batch_io_v1(IoOp.SET, [KEY, OTHER], [a, b]) == [True, True]
+        # a misplaced/colliding file: KEY's bytes (valid checksum) under OTHER's name
+        shutil.copyfile(backend.path_of(KEY), backend.path_of(OTHER))
+        out = torch.zeros(N, dtype=torch.uint8)
+        assert store.batch_io_v1(IoOp.GET, [OTHER], [out]) == [False]
+        assert backend.stats.integrity_errors == 1
+        assert not os.path.exists(backend.path_of(OTHER))
+        assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True] and torch.equal(out, a)
+
+
+def test_size_mismatch_is_a_plain_miss(tmp_path) -> None:
+    data = torch.randint(0, 256, (N,), dtype=torch.uint8)
+    with open_store(config(tmp_path)) as store:
+        backend = store.backend
+        assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
+        for size in (N // 2, N * 2):
+            assert store.batch_io_v1(IoOp.GET, [KEY], [torch.zeros(size, dtype=torch.uint8)]) == [False]
+        assert backend.stats.size_mismatches == 2
+        assert backend.stats.integrity_errors == 0
+        assert os.path.exists(backend.path_of(KEY)), "a valid page of another size is kept"
+        out = torch.zeros(N, dtype=torch.uint8)
+        assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True] and torch.equal(out, data)
+
+
+def test_corrupt_page_cuts_the_prefetched_prefix(tmp_path) -> None:
+    kv = MHAKVPool(8, 4, 2, 2, 8)
+    fill(kv, 3)
+    want = pages(kv, range(3))
+    hashes = page_hashes(list(range(32)), 4)
+    with CacheController(config(tmp_path), kv) as ctl:
+        assert ctl.backup(hashes, range(8)).ok
+        key_v3 = ctl.store.page_keys("kv", [hashes[3]])[0][1]
+        path = ctl.store.backend.path_of(key_v3)
+        _flip(-1)(path)
+        zero(kv)
+        res = ctl.prefetch(hashes, range(8))
+        assert res.pages == 3
+        assert pages(kv, range(3)) == want
+        assert ctl.store.backend.stats.integrity_errors == 1
+        # the next backup rewrites the removed page; then everything restores again
+        fill(kv, 3)
+        assert ctl.backup(hashes, range(8)).skipped == 7
+        assert ctl.prefetch(hashes, range(8)).pages == 8

@@ -1,0 +1,222 @@
+"""The ``metrics`` extension: Prometheus exposition checked against the bytes actually moved."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import hicache_core as hc
+from hicache_core import CacheController, HostPoolGroup, IndexerPool, MambaPool, MHAKVPool, PoolName
+from hicache_core._metrics import MetricsExtension, format_summary, start_exporter
+
+prometheus_client = pytest.importorskip("prometheus_client")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+HAVE_FILE = importlib.util.find_spec("hicache_file") is not None
+
+
+def metrics_of(store: hc.Store) -> MetricsExtension:
+    ext = store.extensions["metrics"]
+    assert isinstance(ext, MetricsExtension)
+    if ext._backend is None:  # until Store calls bind_store itself (see the report)
+        ext.bind_store(store)
+    return ext
+
+
+def scrape(ext: MetricsExtension) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = prometheus_client.generate_latest(ext.registry).decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("backend", "store")))
+            out[s.name, labels] = s.value
+    return out
+
+
+def group() -> HostPoolGroup:
+    kv = MHAKVPool(48, 4, 2, 2, 8, allocate=False)
+    return HostPoolGroup(
+        kv,
+        {
+            PoolName.MAMBA: MambaPool(4, 2, (4, 4), [(3, 4)], allocate=False),
+            PoolName.INDEXER: IndexerPool(48, 4, 2, 8, allocate=False),
+        },
+    )
+
+
+def fill(g: HostPoolGroup, seed: int = 3) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for pool in g.values():
+        for b in pool.buffers():
+            b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8, generator=gen))
+
+
+def backend_cases() -> list[Any]:
+    cases: list[Any] = ["memory", "memory-zc", "memory-nodraft"]
+    cases.append(pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")))
+    return cases
+
+
+@pytest.mark.parametrize("backend", backend_cases())
+def test_exposition_matches_bytes_moved(memory_backends, tmp_path: Path, backend: str) -> None:
+    options = {"root": str(tmp_path / "root")} if backend == "file" else {}
+    g = group() if backend != "memory-nodraft" else HostPoolGroup(MHAKVPool(48, 4, 2, 2, 8, allocate=False))
+    cfg = hc.StorageConfig(backend=backend, options=options, extensions=["metrics"], batch_pages=8)
+    n = 20
+    hashes = hc.page_hashes(list(range(4 * n)), 4)
+    with CacheController(cfg, g) as ctl:
+        ext = metrics_of(ctl.store)
+        fill(g)
+        extra = {PoolName.MAMBA: [1]} if PoolName.MAMBA in g else None
+        assert ctl.backup(hashes, range(n), extra).pages == n
+        res = ctl.prefetch(hashes, range(n, 2 * n), extra)
+        assert res.pages == n
+        moved = {name: len(flags) for name, flags in res.per_pool.items()}  # pages read per pool
+        samples = scrape(ext)
+        snap = ext.snapshot()
+    print(f"\n[metrics:{backend}] path={ctl.io_path} snapshot totals={snap['totals']}")
+    for name, pool in g.items():
+        written = 1 if name is PoolName.MAMBA else n
+        labels_w = (("direction", "write"), ("pool", name.value))
+        labels_r = (("direction", "read"), ("pool", name.value))
+        assert samples["hicache_storage_pages_total", labels_w] == written
+        assert samples["hicache_storage_bytes_total", labels_w] == written * pool.page_nbytes
+        assert samples["hicache_storage_pages_total", labels_r] == moved[name]
+        assert samples["hicache_storage_bytes_total", labels_r] == moved[name] * pool.page_nbytes
+        assert snap["pools"][name.value]["bytes_written"] == written * pool.page_nbytes
+    total = sum(p.page_nbytes * (1 if k is PoolName.MAMBA else n) for k, p in g.items())
+    assert snap["totals"]["bytes_written"] == total
+    assert samples["hicache_storage_exists_calls_total", ()] >= 1
+    path = ctl.io_path
+    assert samples["hicache_storage_io_seconds_count", (("op", "get"), ("path", path))] >= 1
+    assert samples["hicache_storage_io_seconds_bucket", (("le", "+Inf"), ("op", "set"), ("path", path))] >= 1
+    assert snap["internal_errors"] == 0
+    json.dumps(snap)  # JSON-ready
+
+
+def test_hits_misses_and_errors_by_type(memory_backends) -> None:
+    g = HostPoolGroup(MHAKVPool(16, 4, 1, 1, 8, allocate=False))
+    hashes = hc.page_hashes(list(range(40)), 4)
+    cfg = hc.StorageConfig(backend="memory", extensions=["metrics"])
+    with CacheController(cfg, g) as ctl:
+        ext = metrics_of(ctl.store)
+        ctl.backup(hashes[:4], range(4))
+        before = ext.snapshot()["pools"]["kv"]
+        assert ctl.query(hashes).pages == 4
+        kv = ext.snapshot()["pools"]["kv"]
+        assert kv["exists_hits"] - before["exists_hits"] == 4
+        assert kv["exists_misses"] - before["exists_misses"] == 6
+    bad = hc.StorageConfig(backend="memory-nodraft", extensions=["metrics"], options={"raise_on": ["get"]})
+    with CacheController(bad, HostPoolGroup(MHAKVPool(16, 4, 1, 1, 8, allocate=False))) as ctl:
+        ext = metrics_of(ctl.store)
+        res = ctl.prefetch(hashes[:4], range(4))
+        assert res.pages == 0 and res.errors
+        samples = scrape(ext)
+    assert samples["hicache_storage_errors_total", (("op", "get"), ("type", "RuntimeError"))] == 1
+    assert ext.snapshot()["errors"] == {"get": {"RuntimeError": 1}}
+
+
+def test_enable_storage_metrics_flag(memory_backends) -> None:
+    with hc.open_store(hc.StorageConfig(backend="memory", enable_storage_metrics=True)) as store:
+        assert isinstance(store.extensions["metrics"], MetricsExtension)
+
+
+def _draft_group() -> HostPoolGroup:
+    return HostPoolGroup(
+        MHAKVPool(8, 4, 1, 1, 8, allocate=False), {PoolName.DRAFT: MHAKVPool(8, 4, 1, 1, 8, allocate=False)}
+    )
+
+
+@pytest.mark.parametrize(
+    ("backend", "split", "enabled", "reason"),
+    [
+        ("memory", False, True, "memory backend"),
+        ("memory-zc", False, True, "memory backend"),
+        ("memory-zc", True, False, "split heads"),
+        ("memory-nodraft", False, False, "memory backend"),
+    ],
+)
+@pytest.mark.filterwarnings("ignore::hicache_core.DraftOffloadDisabledWarning")
+def test_draft_offload_state(memory_backends, backend: str, split: bool, enabled: bool, reason: str) -> None:
+    cfg = hc.StorageConfig(backend=backend, extensions=["metrics"], should_split_heads=split)
+    with CacheController(cfg, _draft_group()) as ctl:
+        ext = metrics_of(ctl.store)
+        assert ctl.draft_enabled is enabled
+        state = ext.snapshot()["draft"]
+        samples = scrape(ext)
+    assert state["enabled"] is enabled
+    assert reason in state["reason"]
+    (value,) = [v for (name, _), v in samples.items() if name == "hicache_storage_draft_offload_enabled"]
+    assert value == (1.0 if enabled else 0.0)
+
+
+def test_integrity_errors_read_from_backend(memory_backends) -> None:
+    with hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"])) as store:
+        ext = metrics_of(store)
+        assert ext.snapshot()["integrity_errors"] is None  # the memory backend does not verify
+        store.backend.integrity_errors = 3
+        assert ext.snapshot()["integrity_errors"] == 3
+        assert scrape(ext)["hicache_storage_integrity_errors_total", ()] == 3
+
+
+def test_missing_prometheus_client_is_a_typed_error(memory_backends, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(hc.BackendUnavailableError, match=r"hicache-core\[metrics\]"):
+        hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"]))
+
+
+def test_standalone_exporter_serves_every_store(memory_backends) -> None:
+    port = start_exporter(0)
+    assert start_exporter(0) == port  # once per process and address
+    g = HostPoolGroup(MHAKVPool(8, 4, 1, 1, 8, allocate=False))
+    with CacheController(hc.StorageConfig(backend="memory", extensions=["metrics"]), g) as ctl:
+        ctl.backup(hc.page_hashes(list(range(8)), 4), range(2))
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    store_id = ctl.store.extensions["metrics"].store_id  # type: ignore[attr-defined]
+    assert f'hicache_storage_pages_total{{backend="memory",direction="write",pool="kv",store="{store_id}"}} 2.0' in body
+
+
+def test_exporter_port_env_is_validated(memory_backends, monkeypatch) -> None:
+    monkeypatch.setenv("HICACHE_METRICS_PORT", "not-a-port")
+    with pytest.raises(hc.ConfigError, match="HICACHE_METRICS_PORT"):
+        hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"]))
+
+
+def test_summary_lines(memory_backends) -> None:
+    g = HostPoolGroup(MHAKVPool(8, 4, 1, 1, 8, allocate=False))
+    with CacheController(hc.StorageConfig(backend="memory", extensions=["metrics"]), g) as ctl:
+        hs = hc.page_hashes(list(range(8)), 4)
+        ctl.backup(hs, range(2))
+        ctl.prefetch(hs, range(2, 4))
+        lines = format_summary(ctl.store.extensions["metrics"].snapshot())  # type: ignore[attr-defined]
+    text = "\n".join(lines)
+    assert "hit rate 50.0%" in text and "latency get/v2" in text  # backup misses 2, prefetch hits 2
+    assert "p99 " in text
+
+
+def test_trace_logs_every_hook_call(memory_backends, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("HICACHE_TRACE", "1")
+    caplog.set_level(logging.INFO, logger="hicache.trace")
+    g = HostPoolGroup(MHAKVPool(16, 4, 1, 1, 8, allocate=False))
+    with CacheController(hc.StorageConfig(backend="memory-nodraft", extensions=["metrics"]), g) as ctl:
+        ctl.backup(hc.page_hashes(list(range(20)), 4), range(5))
+    records = [r.getMessage() for r in caplog.records if r.name == "hicache.trace"]
+    print("\n" + "\n".join(records))
+    io = [m for m in records if m.startswith("hicache_batch_io_v1")]
+    assert len(io) == 2  # exists, then set
+    for m in io:
+        assert "plugins=[" in m and "backend:memory-nodraft" in m and "extension:metrics" in m
+        assert "batch=10" in m  # 5 pages x (k, v)
+        assert m.rstrip().endswith("us")
+    assert any(m.startswith("hicache_register_pool") for m in records)
+    assert any(m.startswith("hicache_page_keys") and "batch=5" in m for m in records)
