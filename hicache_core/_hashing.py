@@ -10,7 +10,9 @@ whole prefix ending at that page.
 Two implementations produce identical results:
 
 * ``"native"``: the optional C extension ``hicache_core._pagehash`` (SHA-NI when the CPU has
-  it, else portable C); the whole chain runs in C, without the GIL for inputs of 64 KiB or more.
+  it, else portable C). The whole chain runs in C: buffer inputs (arrays, tensors) of 64 KiB or
+  more without the GIL; lists/tuples page by page with the GIL held (reading them needs it), so
+  converting one page overlaps hashing the previous one.
 * ``"python"``: ``hashlib`` per page over memoryview slices of one little-endian buffer built
   in a single vectorised step (no per-token Python loop).
 

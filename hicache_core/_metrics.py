@@ -85,6 +85,7 @@ UNKNOWN_POOL = "unknown"
 _EXISTS, _GET, _SET = IoOp.EXISTS, IoOp.GET, IoOp.SET
 _DIRECTION = {IoOp.GET: "read", IoOp.SET: "write"}
 _store_ids = itertools.count()
+_BOOL = frozenset({bool})
 
 
 def _prometheus() -> Any:
@@ -274,8 +275,10 @@ class MetricsExtension:
             hist = self._latency[op, path] = _Histogram()
         hist.observe(elapsed)
 
-    def _contract_ok(self, op: IoOp, path: str, result: Any, n: int, elapsed: float) -> bool:
-        if type(result) is list and len(result) == n:
+    def _contract_ok(
+        self, op: IoOp, path: str, result: Any, n: int, elapsed: float, flags: bool = True
+    ) -> bool:
+        if type(result) is list and len(result) == n and (not flags or frozenset(map(type, result)) <= _BOOL):
             return True
         with self._lock:
             self._errors[op.value, "BackendContractError"] += 1
@@ -383,12 +386,12 @@ class MetricsExtension:
                 self._failed[pool, op.value] += total - ok_pages
 
     def _account_v2(self, op: IoOp, transfers: Sequence[PoolTransfer], result: Any, elapsed: float) -> None:
-        if not self._contract_ok(op, "v2", result, len(transfers), elapsed):
+        if not self._contract_ok(op, "v2", result, len(transfers), elapsed, flags=False):
             return
         rows = []
         for t, flags in zip(transfers, result):
             n = len(t)
-            if type(flags) is not list or len(flags) != n:
+            if not (type(flags) is list and len(flags) == n and frozenset(map(type, flags)) <= _BOOL):
                 self._contract_ok(op, "v2", None, n, elapsed)
                 return
             info = self._pools.get(t.pool.value)

@@ -8,6 +8,8 @@
  * Page i's digest is sha256(digest[i-1] || le32(t) for t in page i), digest[-1] = prior (absent if
  * None), exactly SGLang's get_hash_str chained per page; a trailing partial page is ignored.
  * Bad ids raise OverflowError / TypeError (mapped to BatchShapeError by the Python wrapper).
+ * Buffers of >= 64 KiB are hashed without the GIL; lists are converted page by page with the GIL
+ * held (reading them needs it) and each page hashed at once, overlapping conversion and hashing.
  * SHA-256 uses the x86 SHA extensions when cpuid reports them, else portable C; no OpenSSL needed.
  */
 #define PY_SSIZE_T_CLEAN
@@ -51,19 +53,29 @@ static void hex32_portable(const uint8_t *d, Py_UCS1 *dst) {
 }
 
 #ifdef HC_HAVE_SHANI
-__attribute__((target("ssse3"))) static inline void hex32_ssse3(const uint8_t *d, Py_UCS1 *dst) {
+/* Lowercase hex of the 16 bytes in x into dst[0:32]. */
+__attribute__((target("ssse3"))) static inline void hex16_ssse3(__m128i x, Py_UCS1 *dst) {
     const __m128i lut = _mm_setr_epi8('0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd',
                                       'e', 'f');
     const __m128i low4 = _mm_set1_epi8(0x0f);
-    for (int half = 0; half < 2; half++) {
-        __m128i x = _mm_loadu_si128((const __m128i *)(d + 16 * half));
-        __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(x, 4), low4));
-        __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(x, low4));
-        _mm_storeu_si128((__m128i *)(dst + 32 * half), _mm_unpacklo_epi8(hi, lo));
-        _mm_storeu_si128((__m128i *)(dst + 32 * half + 16), _mm_unpackhi_epi8(hi, lo));
-    }
+    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(x, 4), low4));
+    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(x, low4));
+    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi8(hi, lo));
+    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi8(hi, lo));
 }
 #endif
+
+/* The character buffer of item p of a private list of 64-char ASCII strs (safe without the GIL). */
+#define HEX_DST(list, p) PyUnicode_1BYTE_DATA(PyList_GET_ITEM((list), (Py_ssize_t)(p)))
+
+/* A chain in progress: pages hashed so far end with digest last (if have_last). */
+typedef struct {
+    size_t page_bytes;
+    PyObject *list;   /* the result: one private 64-char str per page, written without the GIL */
+    uint8_t *scratch; /* page_bytes + 128 bytes, for the portable chain */
+    uint8_t last[32];
+    int have_last;
+} chain_t;
 
 /* ---- portable SHA-256 -------------------------------------------------------------------- */
 
@@ -85,7 +97,8 @@ static void compress_portable(uint32_t state[8], const uint8_t *data, size_t nbl
             w[i] = w[i - 16] + s0 + w[i - 7] + s1;
         }
         for (int i = 0; i < 64; i++) {
-            uint32_t t1 = h + (ROR32(e, 6) ^ ROR32(e, 11) ^ ROR32(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + w[i];
+            uint32_t t1 = h + (ROR32(e, 6) ^ ROR32(e, 11) ^ ROR32(e, 25)) + ((e & f) ^ (~e & g));
+            t1 += K256[i] + w[i];
             uint32_t t2 = (ROR32(a, 2) ^ ROR32(a, 13) ^ ROR32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
             h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
         }
@@ -99,6 +112,7 @@ static void compress_portable(uint32_t state[8], const uint8_t *data, size_t nbl
 
 #ifdef HC_HAVE_SHANI
 #define HC_SHA_TARGET __attribute__((target("sha,sse4.1,ssse3")))
+#define HC_SHA_INLINE HC_SHA_TARGET static inline __attribute__((always_inline))
 
 /* Four rounds with schedule words W (group g of 16). */
 #define RND4(W, g)                                                                   \
@@ -117,8 +131,7 @@ static void compress_portable(uint32_t state[8], const uint8_t *data, size_t nbl
     } while (0)
 
 /* One 64-byte block; w0..w3 are the message words (lane i = word i) and s0/s1 the state. */
-HC_SHA_TARGET static inline __attribute__((always_inline)) void sha_block(__m128i *ps0, __m128i *ps1, __m128i w0,
-                                                                         __m128i w1, __m128i w2, __m128i w3) {
+HC_SHA_INLINE void sha_block(__m128i *ps0, __m128i *ps1, __m128i w0, __m128i w1, __m128i w2, __m128i w3) {
     __m128i s0 = *ps0, s1 = *ps1;
     const __m128i abef = s0, cdgh = s1;
     RND4(w0, 0); RND4(w1, 1); RND4(w2, 2); RND4(w3, 3);
@@ -135,29 +148,23 @@ HC_SHA_TARGET static inline __attribute__((always_inline)) void sha_block(__m128
 #define LOADW(p) _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p)), bswap)
 
 /* The ABEF/CDGH register layout used by sha256rnds2 -> state words a..d, e..h (lane i = word i). */
-HC_SHA_TARGET static inline __attribute__((always_inline)) void from_abef(__m128i s0, __m128i s1, __m128i *dcba,
-                                                                         __m128i *hgfe) {
+HC_SHA_INLINE void from_abef(__m128i s0, __m128i s1, __m128i *dcba, __m128i *hgfe) {
     __m128i tmp = _mm_shuffle_epi32(s0, 0x1B);                      /* FEBA */
     s1 = _mm_shuffle_epi32(s1, 0xB1);                               /* DCHG */
     *dcba = _mm_blend_epi16(tmp, s1, 0xF0);                         /* DCBA */
     *hgfe = _mm_alignr_epi8(s1, tmp, 8);                            /* HGFE */
 }
 
-/* The whole chain with the state in registers; the previous digest feeds the next page's first
- * block as message words directly (no byte round trip).  Needs page_bytes >= 32. */
-HC_SHA_TARGET static void chain_shani(const uint8_t *data, size_t page_bytes, size_t n_pages, const uint8_t *prior,
-                                      uint8_t *digests, Py_UCS1 *const *hex) {
+/* Pages p0..p0+n_pages-1 with the state in registers; the previous digest feeds the next page's
+ * first block as message words directly (no byte round trip).  Needs page_bytes >= 32. */
+HC_SHA_TARGET static void chain_shani(chain_t *c, const uint8_t *data, size_t n_pages, size_t p0) {
     const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
     const __m128i iv0 = _mm_set_epi32(0x6a09e667, (int)0xbb67ae85, 0x510e527f, (int)0x9b05688c); /* ABEF */
     const __m128i iv1 = _mm_set_epi32(0x3c6ef372, (int)0xa54ff53a, 0x1f83d9ab, 0x5be0cd19);      /* CDGH */
-    __m128i pw0 = _mm_setzero_si128(), pw1 = _mm_setzero_si128();
+    const size_t page_bytes = c->page_bytes;
+    __m128i pw0 = LOADW(c->last), pw1 = LOADW(c->last + 16);
     uint8_t tail[128];
-    int have_prev = prior != NULL;
-    if (have_prev) {
-        pw0 = LOADW(prior);
-        pw1 = LOADW(prior + 16);
-    }
-    int tail_for = -1; /* the have_prev value the padding in tail[] was built for */
+    int have_prev = c->have_last, tail_for = -1; /* the have_prev value tail[]'s padding is for */
     size_t end = 64;
     for (size_t p = 0; p < n_pages; p++) {
         const uint8_t *src = data + p * page_bytes;
@@ -180,13 +187,17 @@ HC_SHA_TARGET static void chain_shani(const uint8_t *data, size_t page_bytes, si
             sha_block(&s0, &s1, LOADW(src), LOADW(src + 16), LOADW(src + 32), LOADW(src + 48));
         memcpy(tail, src, rem);
         sha_block(&s0, &s1, LOADW(tail), LOADW(tail + 16), LOADW(tail + 32), LOADW(tail + 48));
-        if (end == 128) sha_block(&s0, &s1, LOADW(tail + 64), LOADW(tail + 80), LOADW(tail + 96), LOADW(tail + 112));
+        if (end == 128)
+            sha_block(&s0, &s1, LOADW(tail + 64), LOADW(tail + 80), LOADW(tail + 96), LOADW(tail + 112));
         from_abef(s0, s1, &pw0, &pw1);
-        _mm_storeu_si128((__m128i *)(digests + 32 * p), _mm_shuffle_epi8(pw0, bswap));
-        _mm_storeu_si128((__m128i *)(digests + 32 * p + 16), _mm_shuffle_epi8(pw1, bswap));
-        hex32_ssse3(digests + 32 * p, hex[p]); /* overlaps with the next page's latency-bound rounds */
+        /* The hex output overlaps with the next page's latency-bound rounds. */
+        hex16_ssse3(_mm_shuffle_epi8(pw0, bswap), HEX_DST(c->list, p0 + p));
+        hex16_ssse3(_mm_shuffle_epi8(pw1, bswap), HEX_DST(c->list, p0 + p) + 32);
         have_prev = 1;
     }
+    _mm_storeu_si128((__m128i *)c->last, _mm_shuffle_epi8(pw0, bswap));
+    _mm_storeu_si128((__m128i *)(c->last + 16), _mm_shuffle_epi8(pw1, bswap));
+    c->have_last = have_prev;
 }
 
 static int cpu_has_shani(void) {
@@ -203,15 +214,14 @@ static int cpu_has_shani(void) { return 0; }
 
 static int g_use_shani = 0; /* chain_shani (for pages of >= 8 tokens) instead of chain_portable */
 
-/* Portable chain: scratch (page_bytes + 128 bytes) receives prev || page || padding per page. */
-static void chain_portable(const uint8_t *data, size_t page_bytes, size_t n_pages, const uint8_t *prior,
-                           uint8_t *digests, Py_UCS1 *const *hex, uint8_t *scratch) {
-    const uint8_t *prev = prior;
+/* Portable chain: scratch receives prev || page || padding for each page. */
+static void chain_portable(chain_t *c, const uint8_t *data, size_t n_pages, size_t p0) {
+    const size_t page_bytes = c->page_bytes;
+    uint8_t *scratch = c->scratch;
     for (size_t p = 0; p < n_pages; p++) {
         uint32_t st[8];
-        size_t len = prev ? 32 : 0, padded;
-        uint8_t *out = digests + 32 * p;
-        if (prev) memcpy(scratch, prev, 32);
+        size_t len = c->have_last ? 32 : 0, padded;
+        memcpy(scratch, c->last, 32);
         memcpy(scratch + len, data + p * page_bytes, page_bytes);
         len += page_bytes;
         padded = (len + 9 + 63) / 64 * 64; /* 0x80, zeros, 64-bit big-endian bit length */
@@ -220,26 +230,27 @@ static void chain_portable(const uint8_t *data, size_t page_bytes, size_t n_page
         for (int i = 0; i < 8; i++) scratch[padded - 1 - i] = (uint8_t)(((uint64_t)len * 8u) >> (8 * i));
         memcpy(st, IV256, sizeof st);
         compress_portable(st, scratch, padded / 64);
-        for (int i = 0; i < 32; i++) out[i] = (uint8_t)(st[i / 4] >> (24 - 8 * (i % 4)));
-        hex32_portable(out, hex[p]);
-        prev = out;
+        for (int i = 0; i < 32; i++) c->last[i] = (uint8_t)(st[i / 4] >> (24 - 8 * (i % 4)));
+        hex32_portable(c->last, HEX_DST(c->list, p0 + p));
+        c->have_last = 1;
     }
 }
 
-/* The GIL-free part: sign check (int32 input), then the chain.  Returns the first negative id's
- * index, or -1 once digests[] and the hex strs are filled. */
-static Py_ssize_t hash_all(const uint8_t *data, size_t n_words, size_t page_size, const uint8_t *prior,
-                           int check_sign, uint8_t *digests, Py_UCS1 *const *hex, uint8_t *scratch) {
-    const size_t page_bytes = page_size * 4, n_pages = n_words / page_size;
-    for (size_t i = 0; check_sign && i < n_words; i++)
-        if (data[4 * i + 3] & 0x80) return (Py_ssize_t)i;
+/* Hash pages p0..p0+n_pages-1 (their tokens at data) onto the chain.  No GIL needed. */
+static void chain_pages(chain_t *c, const uint8_t *data, size_t n_pages, size_t p0) {
 #ifdef HC_HAVE_SHANI
-    if (g_use_shani && page_bytes >= 32) {
-        chain_shani(data, page_bytes, n_pages, prior, digests, hex);
-        return -1;
+    if (g_use_shani && c->page_bytes >= 32) {
+        chain_shani(c, data, n_pages, p0);
+        return;
     }
 #endif
-    chain_portable(data, page_bytes, n_pages, prior, digests, hex, scratch);
+    chain_portable(c, data, n_pages, p0);
+}
+
+/* Index of the first LE int32 word with the sign bit set, or -1. */
+static Py_ssize_t first_negative(const uint8_t *data, size_t n_words) {
+    for (size_t i = 0; i < n_words; i++)
+        if (data[4 * i + 3] & 0x80) return (Py_ssize_t)i;
     return -1;
 }
 
@@ -273,12 +284,17 @@ static int token_error(Py_ssize_t i, PyObject *item) {
     return -1;
 }
 
-/* Convert a list/tuple of ints to LE uint32 words (with the GIL held). */
-static int sequence_to_le32(PyObject *seq, uint8_t *out, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++) {
+/* Convert seq[start:end] (a list/tuple of n ints) to LE uint32 words at out, with the GIL held.
+ * Items `ahead` positions on are prefetched: int objects are scattered over the heap. */
+static int sequence_to_le32(PyObject *seq, Py_ssize_t n, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ahead,
+                            uint8_t *out) {
+    for (Py_ssize_t i = start; i < end; i++, out += 4) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
         long small;
         unsigned long v;
+#if defined(__GNUC__) || defined(__clang__)
+        if (i + ahead < n) __builtin_prefetch(PySequence_Fast_GET_ITEM(seq, i + ahead));
+#endif
         if (small_int_value(item, &small)) {
             if (small < 0 || (unsigned long)small > 0xFFFFFFFFUL) return token_error(i, item);
             v = (unsigned long)small;
@@ -297,98 +313,104 @@ static int sequence_to_le32(PyObject *seq, uint8_t *out, Py_ssize_t n) {
                 return -1;
             }
         }
-        for (int k = 0; k < 4; k++) out[4 * i + k] = (uint8_t)(v >> (8 * k));
+        for (int k = 0; k < 4; k++) out[k] = (uint8_t)(v >> (8 * k));
     }
     return 0;
 }
 
 #define HC_NOGIL_MIN_BYTES (64 * 1024) /* below this, keep the GIL: re-acquiring it can cost ms */
 
-/* A list of n uninitialised 64-char ASCII strs; hex[p] receives the characters of item p. */
-static PyObject *new_hex_list(size_t n_pages, Py_UCS1 **hex) {
+/* A list of n uninitialised 64-char ASCII strs, filled in by the chain. */
+static PyObject *new_hex_list(size_t n_pages) {
     PyObject *list = PyList_New((Py_ssize_t)n_pages);
-    if (list == NULL) return NULL;
-    for (size_t p = 0; p < n_pages; p++) {
+    for (size_t p = 0; list != NULL && p < n_pages; p++) {
         PyObject *s = PyUnicode_New(64, 127);
-        if (s == NULL) {
-            Py_DECREF(list);
-            return NULL;
-        }
-        hex[p] = PyUnicode_1BYTE_DATA(s);
-        PyList_SET_ITEM(list, (Py_ssize_t)p, s);
+        if (s == NULL) Py_CLEAR(list);
+        else PyList_SET_ITEM(list, (Py_ssize_t)p, s);
     }
     return list;
 }
 
+/* list/tuple input: convert each page (GIL held, as reading the list requires) and hash it right
+ * away, so the memory-bound conversion overlaps the latency-bound SHA rounds of the previous page. */
+static int hash_sequence(chain_t *c, PyObject *seq, size_t page_size) {
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), ps = (Py_ssize_t)page_size;
+    const Py_ssize_t ahead = ps < 16 ? 16 : ps > 1024 ? 1024 : ps;
+    uint8_t *page = PyMem_Malloc((size_t)(n < ps ? n : ps) * 4 + 4);
+    int rc = 0;
+    if (page == NULL) return PyErr_NoMemory(), -1;
+    for (Py_ssize_t p = 0; rc == 0 && p < n / ps; p++) {
+        rc = sequence_to_le32(seq, n, p * ps, (p + 1) * ps, ahead, page);
+        if (rc == 0) chain_pages(c, page, 1, (size_t)p);
+    }
+    if (rc == 0) rc = sequence_to_le32(seq, n, n - n % ps, n, ahead, page); /* validate the partial page */
+    PyMem_Free(page);
+    return rc;
+}
+
+/* Buffer input: hash it all, without the GIL when large. */
+static int hash_buffer(chain_t *c, const uint8_t *data, size_t n_words, size_t page_size, int check_sign) {
+    Py_ssize_t bad = -1;
+    if (n_words * 4 >= HC_NOGIL_MIN_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        if (check_sign) bad = first_negative(data, n_words);
+        if (bad < 0) chain_pages(c, data, n_words / page_size, 0);
+        Py_END_ALLOW_THREADS
+    } else {
+        if (check_sign) bad = first_negative(data, n_words);
+        if (bad < 0) chain_pages(c, data, n_words / page_size, 0);
+    }
+    if (bad >= 0) {
+        const uint8_t *w = data + 4 * bad;
+        const uint32_t u = (uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24;
+        PyObject *v = PyLong_FromLong((long)(int32_t)u);
+        if (v != NULL) token_error(bad, v);
+        Py_XDECREF(v);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
-    PyObject *tokens, *prior_obj = Py_None, *list = NULL;
-    Py_UCS1 **hex = NULL;
-    Py_ssize_t page_size;
-    int check_sign = 0;
-    uint8_t prior[32], *digests = NULL, *owned = NULL, *scratch = NULL;
-    const uint8_t *data, *prior_p = NULL;
+    PyObject *tokens, *prior = Py_None;
+    Py_ssize_t page_size, n_words;
+    int check_sign = 0, rc, is_seq;
     Py_buffer view = {0};
-    int have_view = 0;
-    size_t n_words;
+    chain_t c = {0};
     (void)self;
-    if (!PyArg_ParseTuple(args, "On|Op:page_hashes", &tokens, &page_size, &prior_obj, &check_sign)) return NULL;
+    if (!PyArg_ParseTuple(args, "On|Op:page_hashes", &tokens, &page_size, &prior, &check_sign)) return NULL;
     if (page_size <= 0 || page_size > PY_SSIZE_T_MAX / 4)
         return PyErr_Format(PyExc_ValueError, "page_size must be a positive int, got %zd", page_size);
-    if (prior_obj != Py_None && (!PyBytes_Check(prior_obj) || PyBytes_GET_SIZE(prior_obj) != 32))
+    if (prior != Py_None && (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32))
         return PyErr_Format(PyExc_ValueError, "prior must be None or 32 raw digest bytes");
-    if (prior_obj != Py_None) prior_p = memcpy(prior, PyBytes_AS_STRING(prior_obj), 32);
-    if (PyList_Check(tokens) || PyTuple_Check(tokens)) {
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(tokens);
-        n_words = (size_t)n;
-        owned = PyMem_Malloc(n_words * 4 + 1);
-        if (owned == NULL) return PyErr_NoMemory();
-        if (sequence_to_le32(tokens, owned, n) < 0) goto done;
-        data = owned;
+    if (prior != Py_None) memcpy(c.last, PyBytes_AS_STRING(prior), 32);
+    c.have_last = prior != Py_None;
+    c.page_bytes = (size_t)page_size * 4;
+    is_seq = PyList_Check(tokens) || PyTuple_Check(tokens);
+    if (is_seq) {
+        n_words = PySequence_Fast_GET_SIZE(tokens);
     } else {
-        if (PyObject_GetBuffer(tokens, &view, PyBUF_SIMPLE) < 0) goto done;
-        have_view = 1;
+        if (PyObject_GetBuffer(tokens, &view, PyBUF_SIMPLE) < 0) return NULL;
+        n_words = view.len / 4;
         if (view.len % 4) {
-            PyErr_Format(PyExc_ValueError, "token buffer has %zd bytes, not whole 4-byte ids", view.len);
-            goto done;
-        }
-        n_words = (size_t)view.len / 4;
-        data = (const uint8_t *)view.buf;
-    }
-    {
-        const size_t n_pages = n_words / (size_t)page_size;
-        Py_ssize_t bad;
-        digests = PyMem_Malloc(n_pages * 32 + 1);
-        hex = PyMem_Malloc(n_pages * sizeof(Py_UCS1 *) + 1);
-        scratch = PyMem_Malloc(n_pages ? (size_t)page_size * 4 + 128 : 1);
-        if (digests == NULL || hex == NULL || scratch == NULL) {
-            PyErr_NoMemory();
-            goto done;
-        }
-        /* The strs stay private to this call until it returns, so they are filled without the GIL. */
-        if ((list = new_hex_list(n_pages, hex)) == NULL) goto done;
-        if (n_words * 4 >= HC_NOGIL_MIN_BYTES) {
-            Py_BEGIN_ALLOW_THREADS
-            bad = hash_all(data, n_words, (size_t)page_size, prior_p, check_sign, digests, hex, scratch);
-            Py_END_ALLOW_THREADS
-        } else {
-            bad = hash_all(data, n_words, (size_t)page_size, prior_p, check_sign, digests, hex, scratch);
-        }
-        if (bad >= 0) {
-            const uint8_t *w = data + 4 * bad;
-            PyObject *v = PyLong_FromLong((long)(int32_t)((uint32_t)w[0] | (uint32_t)w[1] << 8 |
-                                                          (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24));
-            if (v != NULL) token_error(bad, v);
-            Py_XDECREF(v);
-            Py_CLEAR(list);
+            PyBuffer_Release(&view);
+            return PyErr_Format(PyExc_ValueError, "token buffer: %zd bytes, not whole 4-byte ids", view.len);
         }
     }
-done:
-    if (have_view) PyBuffer_Release(&view);
-    PyMem_Free(owned);
-    PyMem_Free(digests);
-    PyMem_Free(hex);
-    PyMem_Free(scratch);
-    return list;
+    c.list = new_hex_list((size_t)(n_words / page_size));
+    c.scratch = n_words >= page_size ? PyMem_Malloc(c.page_bytes + 128) : NULL;
+    if (c.list == NULL || (n_words >= page_size && c.scratch == NULL)) {
+        if (c.list != NULL) PyErr_NoMemory();
+        rc = -1;
+    } else if (is_seq) {
+        rc = hash_sequence(&c, tokens, (size_t)page_size);
+    } else {
+        rc = hash_buffer(&c, view.buf, (size_t)n_words, (size_t)page_size, check_sign);
+    }
+    if (!is_seq) PyBuffer_Release(&view);
+    PyMem_Free(c.scratch);
+    if (rc < 0) Py_CLEAR(c.list);
+    return c.list;
 }
 
 static const char *impl_name(void) { return g_use_shani ? "sha-ni" : "portable"; }

@@ -8,6 +8,7 @@ geometry, the page hashes and the page bytes, and the expected failures.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,6 +32,8 @@ from ._context import SuiteContext, default_page_bytes
 
 __all__ = ["SuiteBase"]
 
+_CLASSES: dict[tuple[str, tuple[str, ...]], type] = {}  # entry-point scans are slow; cache lookups
+
 
 class SuiteBase:
     """Configuration and fixtures of the conformance suite (see :class:`BackendConformance`)."""
@@ -39,8 +42,9 @@ class SuiteBase:
     backend: ClassVar[str | None] = None
     #: Options passed to the backend (validated by its ``Options`` model).
     backend_options: ClassVar[Mapping[str, Any]] = {}
-    #: Options fields that receive a fresh temporary directory per test when not supplied.
-    tmp_dir_options: ClassVar[tuple[str, ...]] = ("root",)
+    #: Options fields that receive a fresh path under the test's ``tmp_path`` when not supplied
+    #: (a storage directory such as ``root``, or a file prefix such as hf3fs' ``file_path_prefix``).
+    tmp_dir_options: ClassVar[tuple[str, ...]] = ("root", "file_path_prefix")
     #: Expected failures: test name (``test_x`` or ``test_x[param]``) -> reason (strict xfail).
     expected_failures: ClassVar[Mapping[str, str]] = {}
 
@@ -62,7 +66,7 @@ class SuiteBase:
         """The backend under test; defaults to the ``backend`` class attribute."""
         if not self.backend:
             pytest.fail(
-                f"{type(self).__name__} must name the backend under test: set `backend = \"NAME\"` "
+                f'{type(self).__name__} must name the backend under test: set `backend = "NAME"` '
                 "(its entry-point name) or override the `backend_name` fixture",
                 pytrace=False,
             )
@@ -80,7 +84,11 @@ class SuiteBase:
 
     @pytest.fixture
     def hc(
-        self, request: pytest.FixtureRequest, backend_name: str, base_options: dict[str, Any], options: dict[str, Any]
+        self,
+        request: pytest.FixtureRequest,
+        backend_name: str,
+        base_options: dict[str, Any],
+        options: dict[str, Any],
     ) -> Iterator[SuiteContext]:
         """The :class:`SuiteContext` of one test; closes its stores at teardown."""
         node = request.node
@@ -100,10 +108,13 @@ class SuiteBase:
     # ------------------------------------------------------ overridable hooks
     def backend_class(self, name: str) -> type:
         """Resolve the backend class; skips the test when the backend cannot run here."""
-        try:
-            cls = load_backend_class(name)
-        except HiCacheError as err:
-            pytest.fail(f"cannot load backend {name!r}: {err}", pytrace=False)
+        key = (name, tuple(sys.path))
+        cls = _CLASSES.get(key)
+        if cls is None:
+            try:
+                cls = _CLASSES[key] = load_backend_class(name)
+            except HiCacheError as err:
+                pytest.fail(f"cannot load backend {name!r}: {err}", pytrace=False)
         reason = availability(cls)
         if reason is not None:
             pytest.skip(f"backend {name!r} cannot run here: {reason}")
@@ -113,7 +124,8 @@ class SuiteBase:
         """Give each test storage of its own.
 
         Every field named in ``tmp_dir_options`` that the backend's ``Options`` declares and the
-        caller did not set gets a fresh directory under ``tmp_path``. Tests also use a unique
+        caller did not set gets a fresh path ``tmp_path / "hicache-<field>"`` (not created: the
+        backend creates its directory or files there). Tests also use a unique
         ``model_name`` (so a unique key namespace), and stores on non-isolated storage are
         cleared at teardown when the backend implements ``hicache_clear``. Override this for
         other kinds of isolation (a per-test database, bucket, or server).
@@ -122,10 +134,8 @@ class SuiteBase:
         fields = getattr(cls.Options, "model_fields", {})  # type: ignore[attr-defined]
         out = dict(options)
         for name in self.tmp_dir_options:
-            if name in fields and name not in out:
-                directory = tmp_path / f"hicache-{name}"
-                directory.mkdir(parents=True, exist_ok=True)
-                out[name] = str(directory)
+            if name in fields and out.get(name) is None:
+                out[name] = str(tmp_path / f"hicache-{name}")
         return out
 
     def make_page_hashes(self, n: int, salt: int = 0) -> list[str]:
@@ -144,7 +154,13 @@ class SuiteBase:
         """An MHA (``"mha"``: ``k`` and ``v``) or MLA (``"mla"``: ``kv``) KV pool."""
         if kind == "mla":
             return MLAKVPool(
-                num_pages, self.page_size, self.num_layers, self.kv_dim, self.kv_dtype, layout=layout, allocate=allocate
+                num_pages,
+                self.page_size,
+                self.num_layers,
+                self.kv_dim,
+                self.kv_dtype,
+                layout=layout,
+                allocate=allocate,
             )
         return MHAKVPool(
             num_pages,
@@ -169,12 +185,21 @@ class SuiteBase:
         self, num_pages: int, *, layout: Layout | str = Layout.PAGE_FIRST, allocate: bool = True
     ) -> HostPool:
         """A DSA indexer pool."""
-        return IndexerPool(num_pages, self.page_size, self.num_layers, self.index_dim, layout=layout, allocate=allocate)
+        return IndexerPool(
+            num_pages, self.page_size, self.num_layers, self.index_dim, layout=layout, allocate=allocate
+        )
 
     def make_draft_pool(
         self, num_pages: int, *, layout: Layout | str = Layout.PAGE_FIRST, allocate: bool = True
     ) -> HostPool:
         """A draft (speculative decoding) KV pool: a one-layer MHA pool."""
         return MHAKVPool(
-            num_pages, self.page_size, 1, self.num_heads, self.head_dim, self.kv_dtype, layout=layout, allocate=allocate
+            num_pages,
+            self.page_size,
+            1,
+            self.num_heads,
+            self.head_dim,
+            self.kv_dtype,
+            layout=layout,
+            allocate=allocate,
         )

@@ -62,7 +62,9 @@ class SuiteContext:
     (unique per test, so tests never see each other's pages even on shared storage).
     """
 
-    def __init__(self, suite: SuiteBase, name: str, cls: type, options: dict[str, Any], *, isolated: bool) -> None:
+    def __init__(
+        self, suite: SuiteBase, name: str, cls: type, options: dict[str, Any], *, isolated: bool
+    ) -> None:
         self.suite = suite
         self.name = name
         self.cls = cls
@@ -85,7 +87,9 @@ class SuiteContext:
         missing = [p.value for p in pools if p not in self.caps.pools]
         if missing:
             supported = sorted(p.value for p in self.caps.pools)
-            pytest.skip(f"backend {self.name!r} does not declare pool(s) {missing} in capabilities.pools {supported}")
+            pytest.skip(
+                f"backend {self.name!r} does not declare pool(s) {missing} in capabilities.pools {supported}"
+            )
 
     def require_hook(self, hook: str) -> None:
         """Skip the test unless the backend implements the optional hook ``hook``."""
@@ -115,7 +119,9 @@ class SuiteContext:
         self._stores.append(store)
         return store
 
-    def controller(self, pools: HostPoolGroup | HostPool, *, store: Store | None = None, **overrides: Any) -> CacheController:
+    def controller(
+        self, pools: HostPoolGroup | HostPool, *, store: Store | None = None, **overrides: Any
+    ) -> CacheController:
         """A :class:`CacheController` attaching ``pools``; closed at teardown."""
         ctl = CacheController(self.config(**overrides), pools, store=store)
         self._controllers.append(ctl)
@@ -188,7 +194,9 @@ class SuiteContext:
             out.append(row)
         return out
 
-    def matches(self, pool: HostPool, indices: Sequence[int], hashes: Sequence[str], salt: int = 0) -> list[bool]:
+    def matches(
+        self, pool: HostPool, indices: Sequence[int], hashes: Sequence[str], salt: int = 0
+    ) -> list[bool]:
         """Per page: does every component hold the expected bytes?"""
         return [all(r) for r in self.component_matches(pool, indices, hashes, salt)]
 
@@ -218,7 +226,7 @@ class SuiteContext:
         """Raw ``batch_io_v2``: one :class:`PoolTransfer` per spec, one bool per page."""
         transfers = []
         for pool_name, pool, hashes, indices in specs:
-            keys = store.page_keys(pool_name, list(hashes)) if hashes else []
+            keys = tuple(store.page_keys(pool_name, list(hashes))) if hashes else ()
             transfers.append(PoolTransfer(pool_name, tuple(indices), tuple(hashes), pool.hit_policy, keys))
         return store.batch_io_v2(op, transfers)
 
@@ -252,7 +260,9 @@ class SuiteContext:
         """Fill host pages with the expected bytes and ``set`` them; every page must succeed."""
         self.fill(pool, indices, hashes, salt)
         ok = self.raw(store, IoOp.SET, pool_name, pool, hashes, indices, path)
-        assert all(ok), f"set of {len(hashes)} fresh {pool_name.value} pages reported {ok.count(False)} failures: {ok}"
+        assert all(ok), (
+            f"set of {len(hashes)} fresh {pool_name.value} pages reported {ok.count(False)} failures: {ok}"
+        )
 
     def read(
         self,

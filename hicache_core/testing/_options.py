@@ -31,10 +31,10 @@ def parse_options(raw: str | None) -> dict[str, Any]:
     try:
         if suffix == ".toml":
             try:
-                import tomllib
+                import tomllib as toml
             except ModuleNotFoundError:  # pragma: no cover - Python < 3.11
-                import tomli as tomllib
-            data: Any = tomllib.loads(text)
+                import tomli as toml  # type: ignore[no-redef]
+            data: Any = toml.loads(text)
         elif suffix in (".yaml", ".yml"):
             import yaml
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from ._t_io import DraftTests, PoolsTests, V1Tests, V2Tests
 from ._t_lifecycle import LifecycleTests
 from ._t_semantics import SemanticsTests
-from ._t_static import ContractTests, DiscoveryTests
 from ._t_stateful import StatefulTests
+from ._t_static import ContractTests, DiscoveryTests
 
 __all__ = ["BackendConformance"]
 

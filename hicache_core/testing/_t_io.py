@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hicache_core import DraftIoMode, HostPoolGroup, IoOp, MHAKVPool, PoolName, PoolTransfer
+from hicache_core import DraftIoMode, HostPool, HostPoolGroup, IoOp, MHAKVPool, PoolName, PoolTransfer
 
 from ._base import SuiteBase
 from ._context import SuiteContext, expect_flags
@@ -60,7 +60,9 @@ class V1Tests(SuiteBase):
         store, pool = hc.kv_store("mha", 5)
         hashes = self.make_page_hashes(5)
         hc.sentinel(pool, range(5))
-        expect_flags(hc.v1(store, IoOp.GET, KV, pool, hashes, list(range(5))), [False] * 10, "get of absent keys")
+        expect_flags(
+            hc.v1(store, IoOp.GET, KV, pool, hashes, list(range(5))), [False] * 10, "get of absent keys"
+        )
 
     def test_v1_size_mismatch_is_miss(self, hc: SuiteContext) -> None:
         """A stored object whose size differs from the buffer is a miss, never a partial copy."""
@@ -101,7 +103,9 @@ class V2Tests(SuiteBase):
         if pages == 0:
             for op in IoOp:
                 got = store.pm.hook.hicache_batch_io_v2(op=op, transfers=[])
-                assert got == [], f"hicache_batch_io_v2({op.value!r}, transfers=[]) must return [], got {got!r}"
+                assert got == [], (
+                    f"hicache_batch_io_v2({op.value!r}, transfers=[]) must return [], got {got!r}"
+                )
                 empty = PoolTransfer(KV, (), (), pool.hit_policy, ())
                 assert store.batch_io_v2(op, [empty]) == [[]], "a transfer with no pages gets [] in its slot"
             return
@@ -156,7 +160,9 @@ class V2Tests(SuiteBase):
         expect_flags(found[1], [True] * 5 + [False] * 3, "indexer exists")
         hc.sentinel(kv, idx)
         hc.sentinel(ix, idx)
-        got = hc.v2(store, IoOp.GET, [(KV, kv, hashes[:5], idx[:5]), (PoolName.INDEXER, ix, hashes[:5], idx[:5])])
+        got = hc.v2(
+            store, IoOp.GET, [(KV, kv, hashes[:5], idx[:5]), (PoolName.INDEXER, ix, hashes[:5], idx[:5])]
+        )
         assert got == [[True] * 5, [True] * 5], f"get: {got}"
         expect_flags(hc.matches(kv, idx[:5], hashes[:5]), [True] * 5, "kv bytes")
         expect_flags(hc.matches(ix, idx[:5], hashes[:5]), [True] * 5, "indexer bytes")
@@ -177,7 +183,9 @@ class V2Tests(SuiteBase):
         hc.fill(draft, src, hashes, salt=7)
         res = ctl.backup(hashes, src)
         assert res.pages == n and res.draft == [True] * n, hc.declared("draft_io", f"backup: {res}")
-        expect_flags(hc.v2(ctl.store, IoOp.EXISTS, [(PoolName.DRAFT, draft, hashes, src)])[0], [True] * n, "draft")
+        expect_flags(
+            hc.v2(ctl.store, IoOp.EXISTS, [(PoolName.DRAFT, draft, hashes, src)])[0], [True] * n, "draft"
+        )
         hc.sentinel(kv, dst)
         hc.sentinel(draft, dst)
         res = ctl.prefetch(hashes, dst)
@@ -236,7 +244,7 @@ class PoolsTests(SuiteBase):
     def test_pools_store_allocated(self, hc: SuiteContext) -> None:
         """Planned pools (``allocate=False``) get memory through the store and round-trip."""
         n = 6
-        extras = {}
+        extras: dict[PoolName | str, HostPool] = {}
         if PoolName.INDEXER in hc.caps.pools:
             extras[PoolName.INDEXER] = self.make_indexer_pool(2 * n, allocate=False)
         kv = self.make_kv_pool("mha", 2 * n, allocate=False)
@@ -263,7 +271,9 @@ class DraftTests(SuiteBase):
         n = 7
         kv, draft = self.make_kv_pool("mha", 2 * n), self.make_draft_pool(2 * n)
         ctl = hc.controller(HostPoolGroup(kv, {PoolName.DRAFT: draft}))
-        assert ctl.draft_enabled, hc.declared("draft_io", f"the controller disabled draft offload: {ctl.draft_io}")
+        assert ctl.draft_enabled, hc.declared(
+            "draft_io", f"the controller disabled draft offload: {ctl.draft_io}"
+        )
         hashes, src, dst = self.make_page_hashes(n), list(range(n)), list(range(n, 2 * n))
         hc.fill(kv, src, hashes)
         hc.fill(draft, src, hashes, salt=3)

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
 import sys
 import threading
-from typing import Any
 
 import pytest
 
@@ -26,6 +23,7 @@ from hicache_core import (
 )
 
 from ._base import SuiteBase
+from ._child import Child
 from ._context import SuiteContext, expect_flags, tensor_digest
 
 __all__ = ["LifecycleTests"]
@@ -48,13 +46,17 @@ class LifecycleTests(SuiteBase):
         store.close()
         again, pool2 = hc.kv_store("mha", n)
         found = hc.raw(again, IoOp.EXISTS, KV, pool2, hashes, idx)
-        assert all(found), hc.declared("persistent", f"{found.count(False)} of {n} pages missing after reopen")
+        assert all(found), hc.declared(
+            "persistent", f"{found.count(False)} of {n} pages missing after reopen"
+        )
         got = hc.read(again, KV, pool2, hashes, idx)
         assert all(got), hc.declared("persistent", f"get after reopen: {got}")
         expect_flags(hc.matches(pool2, idx, hashes), [True] * n, "bytes after reopen")
         again.close()
         ctl = hc.controller(self.make_kv_pool("mha", n))
-        assert ctl.query(hashes).pages == n, hc.declared("persistent", "a new controller cannot see the pages")
+        assert ctl.query(hashes).pages == n, hc.declared(
+            "persistent", "a new controller cannot see the pages"
+        )
 
     # ----------------------------------------------------------------- shared
     def test_shared_two_processes(self, hc: SuiteContext) -> None:
@@ -72,25 +74,28 @@ class LifecycleTests(SuiteBase):
         store = hc.open()
         store.register_pool(KV, pool)
         ours, theirs = self.make_page_hashes(n), self.make_page_hashes(n, salt=1)
-        idx = list(range(n))
+        idx, dst = list(range(n)), list(range(n, 2 * n))
         hc.write(store, KV, pool, ours, idx)
         expected = [[tensor_digest(v) for v in views] for views in pool.page_views(idx)]
-        request = {
-            "config": hc.config().model_dump(mode="json"),
-            "geometry": geo,
-            "read": ours,
-            "write": theirs,
-        }
-        reply = _run_child(request)
-        assert reply["exists"] == [True] * n, hc.declared("shared", f"the other process sees {reply['exists']}")
-        assert reply["get"] == [True] * n, hc.declared("shared", f"the other process got {reply['get']}")
-        assert reply["read_digests"] == expected, hc.declared("shared", "the other process read different bytes")
-        assert reply["set"] == [True] * n, f"the other process failed to write: {reply['set']}"
-        dst = list(range(n, 2 * n))
-        got = hc.read(store, KV, pool, theirs, dst)
-        assert got == [True] * n, hc.declared("shared", f"pages written by the other process: get {got}")
-        digests = [[tensor_digest(v) for v in views] for views in pool.page_views(dst)]
-        assert digests == reply["write_digests"], hc.declared("shared", "pages written by the other process differ")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        setup = {"config": hc.config().model_dump(mode="json"), "geometry": geo, "pages": n}
+        with Child(setup, env, CHILD_TIMEOUT_S) as child:
+            seen = child.call("read", ours)
+            assert seen["exists"] == [True] * n, hc.declared(
+                "shared", f"the other process sees {seen['exists']}"
+            )
+            assert seen["get"] == [True] * n, hc.declared("shared", f"the other process got {seen['get']}")
+            assert seen["digests"] == expected, hc.declared(
+                "shared", "the other process read different bytes"
+            )
+            wrote = child.call("write", theirs)
+            assert wrote["set"] == [True] * n, f"the other process failed to write: {wrote['set']}"
+            got = hc.read(store, KV, pool, theirs, dst)  # while the writer is still running
+            assert got == [True] * n, hc.declared("shared", f"pages written by the other process: get {got}")
+            digests = [[tensor_digest(v) for v in views] for views in pool.page_views(dst)]
+            assert digests == wrote["digests"], hc.declared(
+                "shared", "pages written by the other process differ"
+            )
 
     # ------------------------------------------------------------ concurrency
     def test_concurrency_backup_prefetch(self, hc: SuiteContext) -> None:
@@ -173,7 +178,7 @@ class LifecycleTests(SuiteBase):
     # ----------------------------------------------------------------- errors
     def test_errors_bad_page_hash(self, hc: SuiteContext) -> None:
         """Unsafe or malformed page hashes raise ``KeyFormatError`` (also from a key override)."""
-        store, pool = hc.kv_store("mha", 2)
+        store, _ = hc.kv_store("mha", 2)
         ctl = hc.controller(self.make_kv_pool("mha", 2))
         for bad in ("../etc", "a/b", "", "x" * 200, "a b", "a\x00b"):
             with pytest.raises(KeyFormatError):
@@ -221,21 +226,3 @@ class LifecycleTests(SuiteBase):
             open_store(hc.config(backend=hc.name + "-no-such-backend"))
         assert hc.name in str(info.value)
         assert isinstance(info.value, HiCacheError)
-
-
-def _run_child(request: dict[str, Any]) -> dict[str, Any]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    proc = subprocess.run(
-        [sys.executable, "-m", "hicache_core.testing._child"],
-        input=json.dumps(request),
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise AssertionError(f"the second process failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    reply: dict[str, Any] = json.loads(proc.stdout)
-    return reply

@@ -56,7 +56,7 @@ class SemanticsTests(SuiteBase):
 
     def test_prefix_first_page_missing(self, hc: SuiteContext) -> None:
         """Nothing is restorable when the first page is missing."""
-        ctl, kv, hashes = self._holed(hc, hole=0)
+        ctl, _, hashes = self._holed(hc, hole=0)
         assert ctl.query(hashes).pages == 0
         assert ctl.prefetch(hashes, list(range(10, 20))).pages == 0
 
@@ -154,7 +154,9 @@ class SemanticsTests(SuiteBase):
 
     def test_isolation_mla_ranks_share(self, hc: SuiteContext) -> None:
         """MLA KV is rank-replicated: rank 0 writes it and rank 1 reads the same pages."""
-        self._roundtrip_pair(hc, {"tp_size": 2, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1}, "mla", shared=True)
+        self._roundtrip_pair(
+            hc, {"tp_size": 2, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1}, "mla", shared=True
+        )
 
     @pytest.mark.parametrize("field", list(ISOLATION_CASES))
     def test_isolation_config(self, hc: SuiteContext, field: str) -> None:
@@ -182,7 +184,9 @@ class SemanticsTests(SuiteBase):
         hashes, idx = self.make_page_hashes(4), [0, 1, 2, 3]
         hc.write(store, KV, kv, hashes, idx)
         for name, pool in others.items():
-            expect_flags(hc.raw(store, IoOp.EXISTS, name, pool, hashes, idx), [False] * 4, f"{name.value} exists")
+            expect_flags(
+                hc.raw(store, IoOp.EXISTS, name, pool, hashes, idx), [False] * 4, f"{name.value} exists"
+            )
             hc.write(store, name, pool, hashes, idx, salt=5)
         expect_flags(hc.read(store, KV, kv, hashes, idx), [True] * 4, "kv get")
         expect_flags(hc.matches(kv, idx, hashes), [True] * 4, "kv bytes after writing other pools")
@@ -201,7 +205,9 @@ class SemanticsTests(SuiteBase):
         hc.fill(kv, src, hashes)
         assert ctl.backup(hashes, src).pages == n
         hc.sentinel(draft, src)
-        expect_flags(hc.raw(ctl.store, IoOp.GET, PoolName.DRAFT, draft, hashes, src, path), [True] * n, "draft get")
+        expect_flags(
+            hc.raw(ctl.store, IoOp.GET, PoolName.DRAFT, draft, hashes, src, path), [True] * n, "draft get"
+        )
         expect_flags(hc.matches(draft, src, hashes, salt=9), [True] * n, "draft bytes after the KV backup")
 
     # ------------------------------------------------------------------ bytes
@@ -223,7 +229,9 @@ class SemanticsTests(SuiteBase):
                 if i in wanted:
                     assert bool((view == exp).all()), f"page {i} component {comp!r}: bytes differ after get"
                 else:
-                    assert bool((view == SENTINEL).all()), f"get wrote into page {i} ({comp!r}), not requested"
+                    assert bool((view == SENTINEL).all()), (
+                        f"get wrote into page {i} ({comp!r}), not requested"
+                    )
 
     # ------------------------------------------------------------------ clear
     def test_clear_removes_only_namespace(self, hc: SuiteContext) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
 
 from hicache_core import CacheController, IoOp, PoolName
 
@@ -75,7 +75,9 @@ class StatefulTests(SuiteBase):
                 expect_flags(self._raw(IoOp.GET, sel, dst), expected, "get")
                 for i, d in zip(sel, dst):
                     if hashes[i] in self.model:
-                        assert hc.matches(self.kv, [d], [hashes[i]], self.model[hashes[i]]) == [True], f"bytes {i}"
+                        assert hc.matches(self.kv, [d], [hashes[i]], self.model[hashes[i]]) == [True], (
+                            f"bytes of page {i} after get"
+                        )
 
             @rule(k=st.integers(0, PAGES))
             def query_and_prefetch(self, k: int) -> None:
@@ -103,10 +105,6 @@ class StatefulTests(SuiteBase):
                 self.ctl.close()
                 self.ctl = self._open()
 
-            @invariant()
-            def open_controller(self) -> None:
-                assert not self.ctl.store.closed
-
             def teardown(self) -> None:
                 self.ctl.close()
 
@@ -118,6 +116,8 @@ class StatefulTests(SuiteBase):
                 deadline=None,
                 database=None,
                 derandomize=True,
+                phases=(Phase.explicit, Phase.generate),  # no shrinking: a failure reports its steps
+                report_multiple_bugs=False,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             ),
         )

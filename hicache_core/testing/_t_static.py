@@ -89,7 +89,9 @@ class ContractTests(SuiteBase):
         assert PoolName.KV in caps.pools
         for flag, hook in (("v1", "hicache_batch_io_v1"), ("v2", "hicache_batch_io_v2")):
             if getattr(caps, flag):
-                assert callable(getattr(hc.cls, hook, None)), f"capabilities.{flag} is declared but {hook} is missing"
+                assert callable(getattr(hc.cls, hook, None)), (
+                    f"capabilities.{flag} is declared but {hook} is missing"
+                )
         if caps.zero_copy:
             assert caps.v2, "capabilities.zero_copy needs capabilities.v2"
         if caps.draft_io is DraftIoMode.GENERIC:
@@ -116,7 +118,9 @@ class ContractTests(SuiteBase):
             assert got.reason.strip(), "an 'unsupported' DraftIo must say why (reason)"
         split = hc.open(should_split_heads=True).draft_io()
         assert isinstance(split, DraftIo)
-        assert split.mode is not DraftIoMode.ZERO_COPY_V2, "should_split_heads=True must turn zero-copy v2 draft off"
+        assert split.mode is not DraftIoMode.ZERO_COPY_V2, (
+            "should_split_heads=True must turn zero-copy v2 draft off"
+        )
         pools = HostPoolGroup(self.make_kv_pool("mha", 2), {PoolName.DRAFT: self.make_draft_pool(2)})
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -126,7 +130,9 @@ class ContractTests(SuiteBase):
             assert not ctl.draft_enabled and len(disabled) == 1
             assert hc.name in str(disabled[0].message)
         else:
-            assert ctl.draft_enabled, hc.declared("draft_io", f"the controller disabled draft offload: {disabled}")
+            assert ctl.draft_enabled, hc.declared(
+                "draft_io", f"the controller disabled draft offload: {disabled}"
+            )
 
     def test_contract_page_keys_safe(self, hc: SuiteContext) -> None:
         """Component keys: one tuple per page, one key per component, file-name safe, all distinct."""

@@ -27,4 +27,5 @@ class TestInstalledBackend(BackendConformance):
 
     @pytest.fixture
     def base_options(self, request: pytest.FixtureRequest) -> dict[str, Any]:
-        return dict(request.config.stash.get(OPTIONS_KEY, {}))
+        options: dict[str, Any] = request.config.stash.get(OPTIONS_KEY, {})
+        return dict(options)

@@ -112,6 +112,13 @@ class ExistsIgnoresHoles(GoodMemory):
         count = sum(k in self.data for k in keys)
         return [True] * count + [False] * (len(keys) - count)
 
+    @hookimpl
+    def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> list[list[bool]] | None:
+        out = super().hicache_batch_io_v2(op, transfers) or []
+        if op is IoOp.EXISTS:
+            out = [[True] * sum(flags) + [False] * (len(flags) - sum(flags)) for flags in out]
+        return out
+
 
 class ResetAppends(GoodMemory):
     """set of an existing key appends the new bytes (like a file opened in append mode)."""
@@ -209,6 +216,17 @@ class ClearsEverything(GoodMemory):
         return n
 
 
+class NeedsVendorSdk(GoodMemory):
+    """Installed but unusable here (``availability()`` gives the reason)."""
+
+    @classmethod
+    def availability(cls) -> str | None:
+        return "needs the vendor SDK (module `nosuchsdk`; install it from the vendor)"
+
+
+#: Backends installed with the others but not run through the suite.
+EXTRA_ENTRY_POINTS = {"unavailable-sdk": "NeedsVendorSdk"}
+
 #: entry-point name -> (class name, tests that must fail, text the failure must contain)
 DEFECTS: dict[str, tuple[str, list[str], str]] = {
     "good-memory": ("GoodMemory", [], ""),
@@ -221,11 +239,23 @@ DEFECTS: dict[str, tuple[str, list[str], str]] = {
     "broken-reset-appends": ("ResetAppends", ["test_idempotent_reset_keeps_bytes"], "re-set"),
     "broken-reset-mixes": ("ResetMixes", ["test_idempotent_reset_never_mixes"], "old or the new"),
     "broken-rank-keys": ("RankCollide", ["test_isolation_mha_tp_ranks"], "keys collide"),
-    "broken-short-results": ("ShortResults", ["test_partial_results_per_page", "test_v1_get_missing"], "bools"),
-    "broken-none-on-empty": ("NoneOnEmpty", ["test_v1_roundtrip[mha-0]", "test_v2_roundtrip[0]"], "must return []"),
+    "broken-short-results": (
+        "ShortResults",
+        ["test_partial_results_per_page", "test_v1_get_missing"],
+        "bools",
+    ),
+    "broken-none-on-empty": (
+        "NoneOnEmpty",
+        ["test_v1_roundtrip[mha-0]", "test_v2_roundtrip[0]"],
+        "must return []",
+    ),
     "broken-size-mismatch": ("PartialCopyOnSizeMismatch", ["test_v1_size_mismatch_is_miss"], "sized buffers"),
     "broken-persistent": ("ClaimsPersistent", ["test_persistence_reopen"], "capabilities.persistent"),
     "broken-shared": ("ClaimsShared", ["test_shared_two_processes"], "capabilities.shared"),
-    "broken-draft-hook": ("DraftHookDisagrees", ["test_contract_draft_io_consistent"], "capabilities.draft_io"),
+    "broken-draft-hook": (
+        "DraftHookDisagrees",
+        ["test_contract_draft_io_consistent"],
+        "capabilities.draft_io",
+    ),
     "broken-clear-all": ("ClearsEverything", ["test_clear_removes_only_namespace"], "other namespace"),
 }

@@ -58,3 +58,39 @@ def files_under(root: str | os.PathLike[str]) -> list[str]:
 
 def temp_files(root: str | os.PathLike[str]) -> list[str]:
     return [f for f in files_under(root) if os.path.basename(f).startswith(".tmp-")]
+
+
+# ----------------------------------------------------------------- child processes
+def pattern(key: str, nbytes: int) -> bytes:
+    """Deterministic page bytes for ``key`` (so any process can verify any page)."""
+    import hashlib
+
+    seed = hashlib.sha256(key.encode()).digest()
+    return (seed * (nbytes // len(seed) + 1))[:nbytes]
+
+
+def crash_writer(root: str, nbytes: int, start: int, ready: Any, publish: str) -> None:
+    """Child: write 4-key batches of ``pattern`` pages forever (until SIGKILLed)."""
+    from hicache_core import IoOp, open_store
+
+    options = {"io_threads": 2, "parallel_min_bytes": 0, "publish": publish}
+    store = open_store(config(root, options=options))
+    i = start
+    ready.set()
+    while True:
+        keys = [f"crash.p.{j:06d}" for j in range(i, i + 4)]
+        bufs = [torch.frombuffer(bytearray(pattern(k, nbytes)), dtype=torch.uint8) for k in keys]
+        store.batch_io_v1(IoOp.SET, keys, bufs)
+        i += 4
+
+
+def shared_writer(root: str, rounds: int) -> None:
+    """Child: write the same 200 pages ``rounds`` times (racing another writer)."""
+    from hicache_core import IoOp, open_store
+
+    with open_store(config(root)) as store:
+        keys = [f"shared.p.{j:04d}" for j in range(200)]
+        bufs = [torch.full((4096,), j % 251, dtype=torch.uint8) for j in range(200)]
+        for _ in range(rounds):
+            if not all(store.batch_io_v1(IoOp.SET, keys, bufs)):
+                raise SystemExit(3)

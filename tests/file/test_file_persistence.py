@@ -3,36 +3,42 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from typing import Any
 
+import pytest
 import torch
-from file_helpers import config, fill, pages, zero
+from file_helpers import config, crash_writer, fill, pages, pattern, shared_writer, zero
 
 from hicache_core import CacheController, IoOp, MHAKVPool, open_store, page_hashes
 
-# A child that reads the pages back and compares them with the same deterministic fill.
+# A fresh interpreter reads the pages back and compares them with the same deterministic fill.
 _READER = textwrap.dedent(
     """
     import json, sys, torch
     from hicache_core import CacheController, MHAKVPool, StorageConfig, page_hashes
-    root, layout, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    want = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
-    g = torch.Generator().manual_seed(11)
-    for b in want.buffers():
-        b.copy_(torch.randint(0, 256, tuple(b.shape), dtype=torch.uint8, generator=g))
-    got = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
-    cfg = StorageConfig(backend="file", options={"root": root}, layout=layout)
-    hashes = page_hashes(list(range(n * 4)), 4)
-    with CacheController(cfg, got) as ctl:
-        q = ctl.query(hashes).pages
-        r = ctl.prefetch(hashes, list(range(n)))
-    same = all(torch.equal(a, b) for a, b in zip(want.buffers(), got.buffers()))
-    print(json.dumps({"query": q, "pages": r.pages, "same": same}))
+    root, n = sys.argv[1], int(sys.argv[2])
+    out = {}
+    for layout in ("page_first", "layer_first"):
+        want = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
+        g = torch.Generator().manual_seed(11)
+        for b in want.buffers():
+            b.copy_(torch.randint(0, 256, tuple(b.shape), dtype=torch.uint8, generator=g))
+        got = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
+        cfg = StorageConfig(backend="file", options={"root": root}, layout=layout)
+        hashes = page_hashes(list(range(n * 4)), 4)
+        with CacheController(cfg, got) as ctl:
+            q = ctl.query(hashes).pages
+            r = ctl.prefetch(hashes, list(range(n)))
+        same = all(torch.equal(a, b) for a, b in zip(want.buffers(), got.buffers()))
+        out[layout] = {"query": q, "pages": r.pages, "same": same}
+    print(json.dumps(out))
     """
 )
 
@@ -53,59 +59,44 @@ def test_reopen_same_process(tmp_path) -> None:
 
 
 def test_fresh_process_sees_pages(tmp_path) -> None:
+    n = 7
     for layout in ("page_first", "layer_first"):
-        n = 7
         kv = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
         fill(kv, 11)
         with CacheController(config(tmp_path, layout=layout), kv) as ctl:
             assert ctl.backup(page_hashes(list(range(n * 4)), 4), range(n)).ok
-        out = subprocess.run(
-            [sys.executable, "-c", _READER, str(tmp_path), layout, str(n)],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout.strip().splitlines()[-1]) == {"query": n, "pages": n, "same": True}
+    out = subprocess.run(
+        [sys.executable, "-c", _READER, str(tmp_path), str(n)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    expect = {"query": n, "pages": n, "same": True}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"page_first": expect, "layer_first": expect}
 
 
-# A child writing large pages forever (v1, deterministic bytes per key) until it is killed.
-_WRITER = textwrap.dedent(
-    """
-    import hashlib, sys, torch
-    from hicache_core import IoOp, StorageConfig, open_store
-    root, nbytes, start = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    store = open_store(StorageConfig(backend="file", options={"root": root, "io_threads": 2,
-                                                              "parallel_min_bytes": 0}))
-    def pattern(key):
-        seed = hashlib.sha256(key.encode()).digest()
-        return torch.frombuffer(bytearray((seed * (nbytes // 32 + 1))[:nbytes]), dtype=torch.uint8)
-    i = start
-    print("ready", flush=True)
-    while True:
-        keys = [f"crash.p.{j:06d}" for j in range(i, i + 4)]
-        store.batch_io_v1(IoOp.SET, keys, [pattern(k) for k in keys])
-        i += 4
-    """
-)
+@pytest.fixture(scope="module")
+def forkserver() -> Any:
+    """Fresh processes forked from a server that has torch and the plugin imported already."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "hicache_core", "hicache_file", "file_helpers"])
+    return ctx
 
 
-def test_sigkill_never_leaves_a_readable_torn_page(tmp_path) -> None:
-    import hashlib
-
+@pytest.mark.parametrize("publish", ["tmpfile", "rename"])
+def test_sigkill_never_leaves_a_readable_torn_page(tmp_path, forkserver, publish: str) -> None:
     nbytes = 1 << 20
     start = 0
     for loop in range(5):
-        child = subprocess.Popen(
-            [sys.executable, "-c", _WRITER, str(tmp_path), str(nbytes), str(start)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout is not None
-        assert child.stdout.readline().strip() == "ready"
-        time.sleep(0.15 + 0.07 * loop)
+        ready = forkserver.Event()
+        child = forkserver.Process(target=crash_writer, args=(str(tmp_path), nbytes, start, ready, publish))
+        child.start()
+        assert ready.wait(60), "writer did not start"
+        time.sleep(0.05 + 0.06 * loop)
         os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
+        child.join(30)
+        assert child.exitcode == -signal.SIGKILL
         start += 4000
     with open_store(config(tmp_path)) as store:
         keys = [f"crash.p.{j:06d}" for j in range(start)]
@@ -116,34 +107,17 @@ def test_sigkill_never_leaves_a_readable_torn_page(tmp_path) -> None:
         got = store.batch_io_v1(IoOp.GET, live, bufs)
         assert all(got), "a published page failed verification after SIGKILL"
         for key, buf in zip(live, bufs):
-            seed = hashlib.sha256(key.encode()).digest()
-            assert buf.numpy().tobytes() == (seed * (nbytes // 32 + 1))[:nbytes], key
+            assert buf.numpy().tobytes() == pattern(key, nbytes), key
         assert store.backend.stats.integrity_errors == 0
 
 
-_CONCURRENT = textwrap.dedent(
-    """
-    import sys, torch
-    from hicache_core import IoOp, StorageConfig, open_store
-    root = sys.argv[1]
-    store = open_store(StorageConfig(backend="file", options={"root": root}))
-    keys = [f"shared.p.{j:04d}" for j in range(200)]
-    bufs = [torch.full((4096,), j % 251, dtype=torch.uint8) for j in range(200)]
-    for _ in range(3):
-        assert all(store.batch_io_v1(IoOp.SET, keys, bufs))
-    print("ok")
-    """
-)
-
-
-def test_two_processes_write_the_same_pages(tmp_path) -> None:
-    procs = [
-        subprocess.Popen([sys.executable, "-c", _CONCURRENT, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
+def test_two_processes_write_the_same_pages(tmp_path, forkserver) -> None:
+    procs = [forkserver.Process(target=shared_writer, args=(str(tmp_path), 3)) for _ in range(2)]
     for p in procs:
-        out, _ = p.communicate(timeout=120)
-        assert p.returncode == 0 and out.strip() == "ok"
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
     with open_store(config(tmp_path)) as store:
         keys = [f"shared.p.{j:04d}" for j in range(200)]
         bufs = [torch.zeros(4096, dtype=torch.uint8) for _ in keys]

@@ -155,7 +155,7 @@ def test_v1_direct_strided_and_copy_buffers(tmp_path) -> None:
         ]
         keys = ["ns.t.contig", "ns.t.rows", "ns.t.strided", "ns.t.empty"]
         assert store.batch_io_v1(IoOp.SET, keys, bufs) == [True] * 4
-        assert store.batch_io_v1(IoOp.EXISTS, keys + ["ns.t.absent"]) == [True] * 4 + [False]
+        assert store.batch_io_v1(IoOp.EXISTS, [*keys, "ns.t.absent"]) == [True] * 4 + [False]
         outs = [torch.zeros_like(b) for b in bufs]
         outs[1] = torch.zeros(4, 6, 10, dtype=torch.uint8)[:, 2, :]
         outs[2] = torch.zeros(4, 6, 10, dtype=torch.uint8)[:, :, 7]

@@ -58,3 +58,32 @@ def run_python(code: str, *args: str, timeout: float = 60.0) -> dict[str, Any]:
     )
     assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+_cli_backends: subprocess.Popen[str] | None = None
+
+
+def _cli_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("HICACHE_")}
+
+
+def start_cli_backends() -> None:
+    """Start ``hicache backends --json`` early (it imports every backend: seconds of I/O wait)."""
+    global _cli_backends
+    if _cli_backends is None:
+        _cli_backends = subprocess.Popen(
+            [str(Path(sys.executable).with_name("hicache")), "backends", "--json"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=_cli_env(),
+        )
+
+
+def cli_backends_result(timeout: float = 120.0) -> tuple[int, str, str]:
+    """``(returncode, stdout, stderr)`` of the run started by :func:`start_cli_backends`."""
+    start_cli_backends()
+    assert _cli_backends is not None
+    out, err = _cli_backends.communicate(timeout=timeout)
+    return _cli_backends.returncode, out, err

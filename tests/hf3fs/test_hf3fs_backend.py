@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 from hf3fs_util import config, fill, page_bytes, pattern
+from hicache_hf3fs_stub import _slotfile
+from hicache_hf3fs_stub.hf3fs import DRAFT_REASON, Hf3fsBackend
 
 from hicache_core import (
     BackendIOError,
@@ -26,8 +28,6 @@ from hicache_core import (
     open_store,
     page_hashes,
 )
-from hicache_hf3fs_stub import _slotfile
-from hicache_hf3fs_stub.hf3fs import DRAFT_REASON, Hf3fsBackend
 
 N = 6  # pages per request in these tests
 
@@ -149,7 +149,9 @@ def test_component_larger_than_slot_fails_with_false_and_log(
 ) -> None:
     store = _store_with(tmp_path, bytes_per_page=128)
     with caplog.at_level(logging.ERROR, logger="hicache.hf3fs"):
-        flags = store.batch_io_v1(IoOp.SET, ["k.small", "k.big"], [*_bufs(["k.small"], 128), *_bufs(["k.big"])])
+        flags = store.batch_io_v1(
+            IoOp.SET, ["k.small", "k.big"], [*_bufs(["k.small"], 128), *_bufs(["k.big"])]
+        )
     assert flags == [True, False]
     assert "exceed the 128-byte page slots" in caplog.text
     assert store.batch_io_v1(IoOp.EXISTS, ["k.small", "k.big"]) == [True, False]

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import torch
 from hf3fs_util import config, fill, pattern, run_python
+from hicache_hf3fs_stub import _slotfile
 
 from hicache_core import CacheController, IoOp, MHAKVPool, MLAKVPool, open_store, page_hashes
-from hicache_hf3fs_stub import _slotfile
 
 FORK = multiprocessing.get_context("fork")
 PAGE = 64 << 10  # payload of the crash tests: big enough that a kill can land inside a write
@@ -191,7 +191,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         assert proc.exitcode == -signal.SIGKILL
         last = max(last, progress.value)
         facts.setdefault("committed", []).append(progress.value - start)
-    keys = [f"crash.k{j}" for r, c in enumerate(facts["committed"]) for j in range(r * 1000, r * 1000 + c + 8)]
+    keys = [
+        f"crash.k{j}" for r, c in enumerate(facts["committed"]) for j in range(r * 1000, r * 1000 + c + 8)
+    ]
     spec["kv"]["sigkill"] = {"options": _opts(prefix, 12), "keys": keys, "nbytes": PAGE}
 
     # 3. deterministic crash points

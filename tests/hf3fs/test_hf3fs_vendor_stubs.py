@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hf3fs_util import REPO
+from hf3fs_util import REPO, _cli_env, cli_backends_result
+from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
 
 from hicache_core import BackendUnavailableError, DraftIoMode, PoolName, StorageConfig, open_store
 from hicache_core._registry import load_backend_class
-from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
 
 VENDORS = {"eic": EicBackend, "nixl": NixlBackend, "simm": SimmBackend}
 SDK_WORDS = {"eic": "EIC", "nixl": "nixl", "simm": "SiMM"}
@@ -58,16 +57,16 @@ def test_sdk_present_but_no_transport_is_still_unavailable(monkeypatch: pytest.M
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HICACHE_")}
     return subprocess.run(
-        [str(HICACHE), *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+        [str(HICACHE), *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=_cli_env()
     )
 
 
 def test_cli_backends_json_lists_hf3fs_and_the_sdk_backends() -> None:
-    proc = _cli("backends", "--json")
-    assert proc.returncode == 0, proc.stderr
-    rows = {r["name"]: r for r in json.loads(proc.stdout)}
+    # `.venv/bin/hicache backends --json` in a subprocess, started when collection finished
+    code, out, err = cli_backends_result()
+    assert code == 0, err
+    rows = {r["name"]: r for r in json.loads(out)}
     hf3fs = rows["hf3fs"]
     assert hf3fs["distribution"] == "hicache-hf3fs-stub" and hf3fs["status"] == "ok"
     assert (hf3fs["v1"], hf3fs["v2"], hf3fs["zero_copy"]) == (True, False, False)

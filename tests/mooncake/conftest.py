@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from hicache_mooncake.testing import (  # noqa: F401  (pytest fixtures)
     MooncakeMaster,
     MooncakeStandalone,
@@ -18,7 +17,6 @@ from hicache_mooncake.testing import (  # noqa: F401  (pytest fixtures)
     mooncake_master_factory,
     mooncake_standalone,
 )
-
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,12 +39,12 @@ def embedded_options(master: MooncakeMaster, **kw: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def embedded_opts(mooncake_master: MooncakeMaster) -> dict[str, Any]:
+def embedded_opts(mooncake_master: MooncakeMaster) -> dict[str, Any]:  # noqa: F811
     return embedded_options(mooncake_master)
 
 
 @pytest.fixture
-def standalone_opts(mooncake_standalone: MooncakeStandalone) -> dict[str, Any]:
+def standalone_opts(mooncake_standalone: MooncakeStandalone) -> dict[str, Any]:  # noqa: F811
     return mooncake_standalone.options(load_env=False)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -24,7 +25,9 @@ PAGE_SIZE = 4
 KINDS = ("mha", "mla", "mamba", "indexer", "draft", "hybrid")
 
 
-def make_group(kind: str, *, pages: int = 24, layout: str = "page_first", allocate: bool = False) -> HostPoolGroup:
+def make_group(
+    kind: str, *, pages: int = 24, layout: str = "page_first", allocate: bool = False
+) -> HostPoolGroup:
     """A pool group for ``kind``; ``allocate=False`` lets the controller take memory from the store."""
     kw: dict[str, Any] = {"layout": layout, "allocate": allocate}
     mla = kind in ("mla", "indexer")
@@ -33,7 +36,7 @@ def make_group(kind: str, *, pages: int = 24, layout: str = "page_first", alloca
         if mla
         else MHAKVPool(pages, PAGE_SIZE, 3, 2, 16, torch.bfloat16, **kw)
     )
-    extras: dict[PoolName, Any] = {}
+    extras: dict[PoolName | str, Any] = {}
     if kind in ("mamba", "hybrid"):
         extras[PoolName.MAMBA] = MambaPool(6, 3, (2, 8), [(4, 3), (5,)], **kw)
     if kind == "indexer":
@@ -103,8 +106,8 @@ def roundtrip(ctl: CacheController, group: HostPoolGroup, n: int = 12, seed: int
     src = list(range(n))[::-1]  # reversed slots
     dst = [total - 1 - i for i in range(n)]  # other slots
     mamba = PoolName.MAMBA in group
-    extra_src = {PoolName.MAMBA: [0, 1]} if mamba else None
-    extra_dst = {PoolName.MAMBA: [4, 5]} if mamba else None
+    extra_src: Mapping[PoolName | str, Any] | None = {PoolName.MAMBA: [0, 1]} if mamba else None
+    extra_dst: Mapping[PoolName | str, Any] | None = {PoolName.MAMBA: [4, 5]} if mamba else None
     res = ctl.backup(hashes, src, extra_src)
     assert res.errors == () and res.ok and res.pages == n, res
     if ctl.draft_enabled:

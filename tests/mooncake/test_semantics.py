@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import embedded_options
+from hicache_mooncake.testing import MooncakeMaster
 from mooncake_helpers import fill, make_config, make_group, rand_hashes, roundtrip
 
 from hicache_core import (
@@ -25,7 +26,6 @@ from hicache_core import (
     Store,
     open_store,
 )
-from hicache_mooncake.testing import MooncakeMaster
 
 
 def _transfer(store: Store, name: PoolName, idx: list[int], hashes: list[str]) -> PoolTransfer:
@@ -149,7 +149,9 @@ def test_clear_only_own_namespace_and_chunked_v2(mooncake_master: MooncakeMaster
                 [True] * 9
             ]
         assert a.clear() == 18
-        assert a.batch_io_v2(IoOp.EXISTS, [_transfer(a, PoolName.KV, list(range(9)), hashes)]) == [[False] * 9]
+        assert a.batch_io_v2(IoOp.EXISTS, [_transfer(a, PoolName.KV, list(range(9)), hashes)]) == [
+            [False] * 9
+        ]
         assert b.batch_io_v2(IoOp.EXISTS, [_transfer(b, PoolName.KV, list(range(9)), hashes)]) == [[True] * 9]
         assert b.clear() == 18
 
@@ -193,13 +195,13 @@ def test_standalone_foreign_pool_memory_still_works(standalone_opts: dict[str, A
     group = make_group("mamba", allocate=True)
     with CacheController(make_config(standalone_opts, "mamba"), group) as ctl:
         backend = ctl.store.backend
-        assert not any(p.direct for p in backend._pools.values())  # type: ignore[attr-defined]
+        assert not any(p.direct for p in backend._pools.values())
         roundtrip(ctl, group)
 
 
 def test_reregistering_a_pool_releases_the_old_memory(embedded_opts: dict[str, Any]) -> None:
     with open_store(make_config(embedded_opts)) as store:
-        link = store.backend.link  # type: ignore[attr-defined]
+        link = store.backend.link
         first = MHAKVPool(4, 4, 1, 1, 8, allocate=True)
         store.register_pool(PoolName.KV, first)
         ptr = first.buffers()[0].data_ptr()

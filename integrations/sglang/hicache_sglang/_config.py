@@ -54,7 +54,9 @@ def parse_extra_config(extra_config: Mapping[str, Any] | None) -> AdapterSetting
     """Read the ``hicache_*`` keys of SGLang's extra config (see the module docstring)."""
     extra = dict(extra_config or {})
     unknown = sorted(
-        k for k in extra if k.startswith("hicache_") and k not in ADAPTER_KEYS and k not in SGLANG_HICACHE_KEYS
+        k
+        for k in extra
+        if k.startswith("hicache_") and k not in ADAPTER_KEYS and k not in SGLANG_HICACHE_KEYS
     )
     if unknown:
         hints = []

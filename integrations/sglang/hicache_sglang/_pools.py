@@ -42,8 +42,7 @@ def pool_name(name: Any) -> PoolName:
         return _POOLS[value]
     except KeyError:
         raise PoolError(
-            f"hicache-sglang: SGLang pool {value!r} has no hicache pool; supported pools are "
-            f"{sorted(_POOLS)}"
+            f"hicache-sglang: SGLang pool {value!r} has no hicache pool; supported pools are {sorted(_POOLS)}"
         ) from None
 
 
@@ -117,7 +116,7 @@ def _candidates(pool: Any) -> list[torch.Tensor]:
     if callable(getter):
         try:
             found.extend(getter() or ())
-        except Exception:  # noqa: S110 - optional API; kv_buffer below is the fallback
+        except Exception:  # optional API; kv_buffer below is the fallback
             pass
     kv = getattr(pool, "kv_buffer", None)
     found.extend(kv if isinstance(kv, (list, tuple)) else [kv])
@@ -237,7 +236,11 @@ def _check(view_pool: SGLangPoolView, pool: Any, page_size: int) -> None:
     for page in sorted({0, min(1, n - 1), n - 1}):
         ptrs, sizes = _page_meta(pool, page, page_size)
         for c, b in enumerate(bufs):
-            runs = [b[page]] if view_pool.layout is Layout.PAGE_FIRST else [b[r, page] for r in range(b.shape[0])]
+            runs = (
+                [b[page]]
+                if view_pool.layout is Layout.PAGE_FIRST
+                else [b[r, page] for r in range(b.shape[0])]
+            )
             for r, run in enumerate(runs):
                 i = r * ncomp + c
                 if run.data_ptr() != ptrs[i] or run.numel() != sizes[i]:

@@ -197,7 +197,9 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
         ps = view.page_size
         if host_indices is None:
             raise PoolError("host_indices is None")
-        flat = host_indices.reshape(-1) if isinstance(host_indices, torch.Tensor) else torch.tensor(host_indices)
+        flat = (
+            host_indices.reshape(-1) if isinstance(host_indices, torch.Tensor) else torch.tensor(host_indices)
+        )
         if flat.numel() != n * ps:
             raise PoolError(
                 f"{flat.numel()} host indices for {n} keys of pool with page_size {ps}; SGLang passes "
@@ -444,9 +446,7 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
                     present[j] = ok
             flags = present
         else:
-            flags = (
-                store.batch_io_v1(op, flat_keys, None if op is IoOp.EXISTS else bufs) if flat_keys else []
-            )
+            flags = store.batch_io_v1(op, flat_keys, None if op is IoOp.EXISTS else bufs) if flat_keys else []
         out, off = [], 0
         for c in counts:
             out.append(c > 0 and all(flags[off : off + c]))

@@ -100,7 +100,7 @@ class ScanResult:
 
 
 def scan_root(root: str, temp_max_age_s: float) -> ScanResult:
-    """Walk ``root/<namespace>/<aa>/<bb>/`` once; return page files oldest-first by mtime.
+    """Walk ``root/<namespace>/<shard>/`` once; return page files oldest-first by mtime.
 
     Cost: one ``scandir`` per directory plus one ``stat`` per file (roughly 2-5 us per file
     on a local SSD with a warm dentry cache; about 5 s per million pages). Temp files older
@@ -113,28 +113,27 @@ def scan_root(root: str, temp_max_age_s: float) -> ScanResult:
     cutoff_ns = time.time_ns() - int(temp_max_age_s * 1e9)
     removed = 0
     for ns in _subdirs(root):
-        for a in _subdirs(ns):
-            for b in _subdirs(a):
-                try:
-                    it = os.scandir(b)
-                except OSError:
-                    continue
-                with it:
-                    for entry in it:
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except OSError:
-                            continue
-                        if entry.name.startswith(TEMP_PREFIX):
-                            if st.st_mtime_ns < cutoff_ns:
-                                try:
-                                    os.unlink(entry.path)
-                                    removed += 1
-                                except OSError:
-                                    pass
-                            continue
-                        if entry.is_file(follow_symlinks=False):
-                            found.append((st.st_mtime_ns, entry.name, st.st_size))
+        for shard in _subdirs(ns):
+            try:
+                it = os.scandir(shard)
+            except OSError:
+                continue
+            with it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if entry.name.startswith(TEMP_PREFIX):
+                        if st.st_mtime_ns < cutoff_ns:
+                            try:
+                                os.unlink(entry.path)
+                                removed += 1
+                            except OSError:
+                                pass
+                        continue
+                    if entry.is_file(follow_symlinks=False):
+                        found.append((st.st_mtime_ns, entry.name, st.st_size))
     found.sort()
     result = ScanResult([(k, s) for _, k, s in found], len(found), removed, time.perf_counter() - t0)
     log.debug(
@@ -150,10 +149,6 @@ def scan_root(root: str, temp_max_age_s: float) -> ScanResult:
 def _subdirs(path: str) -> list[str]:
     try:
         with os.scandir(path) as it:
-            return [
-                e.path
-                for e in it
-                if e.name != MARKER_NAME and e.is_dir(follow_symlinks=False)
-            ]
+            return [e.path for e in it if e.name != MARKER_NAME and e.is_dir(follow_symlinks=False)]
     except OSError:
         return []

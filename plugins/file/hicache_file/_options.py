@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -47,6 +47,10 @@ class FileOptions(BaseModel):
     hand-off costs more than it saves.
     ``temp_max_age_s``: temp files of killed writers older than this are deleted by the open-time
     scan and by ``clear`` (younger ones may belong to a live writer in another process).
+    ``publish``: how a page appears atomically: ``"tmpfile"`` writes an unnamed ``O_TMPFILE``
+    inode and links it (Linux; nothing is left behind by a killed writer, one directory
+    operation per page), ``"rename"`` writes a named temp file and renames it (portable),
+    ``"auto"`` (default) probes the root at open and uses ``tmpfile`` when it works.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -62,6 +66,7 @@ class FileOptions(BaseModel):
     )
     parallel_min_bytes: int = Field(512 * 1024, ge=0, description="smaller batches run inline")
     temp_max_age_s: float = Field(3600.0, gt=0, description="age after which leftover temp files go")
+    publish: Literal["auto", "tmpfile", "rename"] = Field("auto", description="atomic publish method")
 
     @field_validator("root")
     @classmethod

@@ -85,14 +85,19 @@ class PoolIo:
             )
             if not ok:
                 return
-            mv = memoryview(b.numpy()).cast("B")
+            mv = b.numpy().data.cast("B")
             if layout is Layout.PAGE_FIRST:
                 if b.shape[0] != self.pool.num_pages or b.shape[1] * b.shape[2] != size:
                     return
                 flat.append((mv, size, 0, 0))
             else:
                 layers, pages, per_layer = b.shape
-                if pages != self.pool.num_pages or layers * per_layer != size or not 0 < per_layer or layers > MAX_IOV:
+                if (
+                    pages != self.pool.num_pages
+                    or layers * per_layer != size
+                    or not 0 < per_layer
+                    or layers > MAX_IOV
+                ):
                     return
                 flat.append((mv, per_layer, pages * per_layer, layers))
         self._flat = flat

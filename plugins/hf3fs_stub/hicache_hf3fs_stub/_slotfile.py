@@ -387,7 +387,9 @@ class SlotFile:
             if not repair:
                 os.close(fd)
                 raise BackendIOError(f"{self.log_path} does not belong to {self.path}")
-            log.warning("hicache hf3fs: %s belongs to another data file; starting an empty index", self.log_path)
+            log.warning(
+                "hicache hf3fs: %s belongs to another data file; starting an empty index", self.log_path
+            )
             os.close(fd)
             fd = self._write_log(header)
         self._log_fd = fd

@@ -13,13 +13,18 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ._connection import close_idle_connections
     from ._options import MooncakeOptions
     from .backend import MooncakeBackend
 
 __version__ = "0.1.0"
-__all__ = ["MooncakeBackend", "MooncakeOptions", "__version__"]
+__all__ = ["MooncakeBackend", "MooncakeOptions", "__version__", "close_idle_connections"]
 
-_LAZY = {"MooncakeBackend": ".backend", "MooncakeOptions": "._options"}
+_LAZY = {
+    "MooncakeBackend": ".backend",
+    "MooncakeOptions": "._options",
+    "close_idle_connections": "._connection",
+}
 
 
 def __getattr__(name: str) -> Any:

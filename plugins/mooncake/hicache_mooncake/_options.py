@@ -159,6 +159,11 @@ class MooncakeOptions(BaseModel):
     staging_buffer_size: int = Field(
         32 << 20, ge=1 << 20, description="registered bounce buffer for views outside registered memory"
     )
+    reuse_connection: bool = Field(
+        True,
+        description="stores of one process with the same connection options share one Mooncake "
+        "client; an idle one closes at exit or with hicache_mooncake.close_idle_connections()",
+    )
     load_env: bool = Field(True, description="read MOONCAKE_* variables and the SGLang config file")
 
     @field_validator(

@@ -21,6 +21,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
 from hicache_core import (
@@ -37,7 +38,8 @@ from hicache_core import (
     hookimpl,
 )
 
-from ._client import INSTALL_HINT, StoreLink
+from ._client import StoreLink
+from ._connection import INSTALL_HINT
 from ._options import MooncakeOptions
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -60,7 +62,7 @@ class _Pool:
 
 
 def _flat(values: Sequence[Sequence[Any]]) -> list[Any]:
-    return [v for group in values for v in group]
+    return list(chain.from_iterable(values))
 
 
 class MooncakeBackend:
@@ -154,51 +156,53 @@ class MooncakeBackend:
         if not transfers:
             return []
         pools = [self._pool(t.pool) for t in transfers]
+        flat_keys: list[list[str]] = []
         for t, p in zip(transfers, pools):
-            if len(t) and len(t.keys) != len(t):
+            tkeys = _flat(t.keys)
+            if len(tkeys) != len(t) * len(p.pool.components):
                 raise BatchShapeError(
-                    f"mooncake: transfer for pool {t.pool.value!r} carries {len(t.keys)} key tuples for "
-                    f"{len(t)} pages; resolve keys with store.page_keys() (CacheController does)"
+                    f"mooncake: transfer for pool {t.pool.value!r} carries {len(t.keys)} key tuples with "
+                    f"{len(tkeys)} keys for {len(t)} pages of {len(p.pool.components)} components; resolve "
+                    "keys with store.page_keys() (CacheController does)"
                 )
-            ncomp = len(p.pool.components)
-            if any(len(k) != ncomp for k in t.keys):
-                raise BatchShapeError(
-                    f"mooncake: pool {t.pool.value!r} has {ncomp} components per page; every key tuple "
-                    "must name one key per component"
-                )
-            if op is not IoOp.EXISTS:
-                p.pool.check_indices(t.host_indices)
-        counts = [len(t) * len(p.pool.components) for t, p in zip(transfers, pools)]
+            flat_keys.append(tkeys)
+            hi = t.host_indices
+            if op is not IoOp.EXISTS and hi and (min(hi) < 0 or max(hi) >= p.pool.num_pages):
+                p.pool.check_indices(hi)  # raises BatchShapeError naming the bad index
+        counts = [len(k) for k in flat_keys]
         if op is IoOp.EXISTS:
-            flags = self.link.exists(_flat([_flat(t.keys) for t in transfers]))
-            return self._per_page(flags, transfers, pools, counts)
-        direct = [p.direct for p in pools]
+            flags = self.link.exists(_flat(flat_keys))
+            return self._per_page(flags, pools, counts)
         keys: list[str] = []
         ptrs: list[int] = []
         sizes: list[int] = []
-        for t, p in zip(transfers, pools):
-            if not p.direct or not len(t):
+        for t, p, k in zip(transfers, pools, flat_keys):
+            if not p.direct or not k:
                 continue
-            keys += _flat(t.keys)
-            for i in t.host_indices:
-                for base, stride, size in p.metas:
-                    ptrs.append(base + i * stride)
-                    sizes.append(size)
+            keys += k
+            if len(p.metas) == 1:
+                ((base, stride, size),) = p.metas
+                ptrs += [base + i * stride for i in t.host_indices]
+                sizes += [size] * len(t)
+            else:
+                for i in t.host_indices:
+                    for base, stride, size in p.metas:
+                        ptrs.append(base + i * stride)
+                        sizes.append(size)
         flags = (self.link.put if op is IoOp.SET else self.link.get)(keys, ptrs, sizes) if keys else []
         out: list[list[bool]] = []
         off = 0
-        for t, p, n, d in zip(transfers, pools, counts, direct):
-            if d:
+        for t, p, k in zip(transfers, pools, flat_keys):
+            n = len(k)
+            if p.direct:
                 part, off = flags[off : off + n], off + n
             else:  # not zero-copy capable: copy its page views through the bounce buffer
-                views = _flat(p.pool.page_views(t.host_indices)) if len(t) else []
-                part = self._v1(op, _flat(t.keys), views)
+                views = _flat(p.pool.page_views(t.host_indices)) if n else []
+                part = self._v1(op, k, views)
             out.append(self._group(part, len(p.pool.components)))
         return out
 
-    def _per_page(
-        self, flags: list[bool], transfers: Sequence[PoolTransfer], pools: list[_Pool], counts: list[int]
-    ) -> list[list[bool]]:
+    def _per_page(self, flags: list[bool], pools: list[_Pool], counts: list[int]) -> list[list[bool]]:
         out, off = [], 0
         for p, n in zip(pools, counts):
             out.append(self._group(flags[off : off + n], len(p.pool.components)))

@@ -1,0 +1,456 @@
+"""``Connection``: one set-up ``MooncakeDistributedStore`` (bounded setup, registered memory,
+health gate), shared by every store of a process opened with the same connection options.
+
+Measured facts this module is built on (see the project's Mooncake reference):
+
+* ``setup()`` retries for ~90 s when the master is missing (``MC_STORE_CLIENT_SETUP_RETRIES``
+  attempts of ~4.4 s each) and holds the GIL, so it cannot be abandoned from a thread. The
+  bound is a TCP pre-flight probe of the master (or of the mooncake_client in standalone mode)
+  until ``setup_timeout_s``, then ``setup()`` with retries limited to one attempt.
+* While the master is down a call returns ``-900`` (RPC_FAIL), some immediately and later ones
+  after ~4.4 s; a dead mooncake_client blocks the first dummy call ~8.6 s. The gate marks the
+  connection down on such results (or when its monitor's TCP probe is refused) and then fails
+  every batch after one probe (``probe_timeout_s``) until the endpoints answer again.
+* ``close()`` takes 1-2 s (6 s with the master gone) and holds the GIL. Stores with identical
+  connection options therefore share one connection (``reuse_connection``, like SGLang's reuse
+  of the process-wide transfer engine); an idle shared connection is closed at interpreter exit
+  or by :func:`close_idle_connections`.
+* In standalone (dummy) mode only memory from ``alloc_from_mem_pool`` can be registered, with
+  exactly the returned ``(ptr, size)``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import contextlib
+import ctypes
+import logging
+import os
+import socket
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hicache_core import BackendIOError, BackendTimeoutError, BackendUnavailableError
+
+from ._options import MooncakeOptions, resolve_device
+
+__all__ = ["Connection", "HealthGate", "acquire", "close_idle_connections", "import_store", "tcp_probe"]
+
+log = logging.getLogger("hicache.mooncake")
+
+SETUP_RETRIES_ENV = "MC_STORE_CLIENT_SETUP_RETRIES"
+_ENV_LOCK = threading.Lock()
+
+INSTALL_HINT = (
+    "install the Mooncake store with `pip install mooncake-transfer-engine-non-cuda` (CPU hosts) or "
+    "`pip install mooncake-transfer-engine` (CUDA hosts); it needs the system library libibverbs "
+    "(`apt-get install -y libibverbs1`)"
+)
+
+
+def import_store() -> Any:
+    """The ``mooncake.store`` module, or :class:`BackendUnavailableError` with an install hint."""
+    try:
+        import mooncake.store as store
+    except ImportError as err:
+        raise BackendUnavailableError(f"cannot import mooncake.store ({err}); {INSTALL_HINT}") from err
+    return store
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def tcp_probe(address: str, timeout: float) -> str | None:
+    """``None`` when ``host:port`` accepts a TCP connection within ``timeout``, else the reason."""
+    host, port = _split(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return None
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+@contextlib.contextmanager
+def _limited_setup_retries() -> Iterator[None]:
+    """Limit the library's own setup retries to one attempt unless the operator chose a value."""
+    with _ENV_LOCK:
+        if SETUP_RETRIES_ENV in os.environ:
+            yield
+            return
+        os.environ[SETUP_RETRIES_ENV] = "1"
+        try:
+            yield
+        finally:
+            os.environ.pop(SETUP_RETRIES_ENV, None)
+
+
+@dataclass
+class Region:
+    """A registered memory range ``[start, end)`` and who uses it."""
+
+    start: int
+    end: int
+    owners: set[str] = field(default_factory=set)
+    holder: Any = None  # keeps the memory alive while the transport may touch it
+    permanent: bool = False  # store-owned shared memory: never unregistered before close
+
+
+class HealthGate:
+    """Tracks whether the store's endpoints answer; fails calls fast during an outage.
+
+    A call result whose codes are all connection failures marks the gate down; any answered
+    code marks it up. While down, each call first probes the endpoints (``probe_timeout``)
+    and the batch fails at once if one refuses. A monitor thread probes every ``interval``
+    seconds so that a dead endpoint is noticed before a call blocks on it.
+    """
+
+    def __init__(self, endpoints: Sequence[str], probe_timeout: float, interval: float, name: str) -> None:
+        self.endpoints = [e for e in endpoints if e]
+        self.probe_timeout = probe_timeout
+        self.name = name
+        self.down_since: float | None = None
+        self.reason = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if interval > 0 and self.endpoints:
+            self._thread = threading.Thread(
+                target=self._monitor, args=(interval,), name="hicache-mooncake-health", daemon=True
+            )
+            self._thread.start()
+
+    def _probe(self) -> str | None:
+        for ep in self.endpoints:
+            why = tcp_probe(ep, self.probe_timeout)
+            if why is not None:
+                return f"{ep} unreachable ({why})"
+        return None
+
+    def _monitor(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            if self.down_since is None:
+                why = self._probe()
+                if why is not None:
+                    self.mark_down(why)
+
+    def reachable(self) -> str | None:
+        """``None`` if calls may proceed, else why not (only probes while marked down)."""
+        if self.down_since is None:
+            return None
+        return self._probe()
+
+    def mark_down(self, why: str) -> None:
+        with self._lock:
+            if self.down_since is None:
+                self.down_since = time.monotonic()
+                self.reason = why
+                log.warning(
+                    "hicache mooncake %s: unavailable (%s); batches fail fast while %s refuses connections",
+                    self.name,
+                    why,
+                    " / ".join(self.endpoints) or "it",
+                )
+
+    def mark_up(self) -> None:
+        if self.down_since is None:
+            return
+        with self._lock:
+            if self.down_since is not None:
+                log.warning(
+                    "hicache mooncake %s: answering again after %.1f s",
+                    self.name,
+                    time.monotonic() - self.down_since,
+                )
+                self.down_since = None
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.probe_timeout + 1.0)
+
+
+def _key(o: MooncakeOptions, tp_rank: int, ranks: int) -> tuple[Any, ...]:
+    """Everything that reaches ``setup`` / ``setup_dummy`` or the gate: equal keys share a connection."""
+    if o.standalone_storage:
+        explicit = o.master_server_address if "master_server_address" in o.model_fields_set else ""
+        return ("dummy", o.client_server_address, explicit, o.mem_pool_size, o.local_buffer_size,
+                o.probe_timeout_s, o.health_probe_interval_s)  # fmt: skip
+    return (
+        "embedded",
+        o.master_server_address,
+        o.metadata_server,
+        o.protocol,
+        resolve_device(o.device_name, tp_rank),
+        o.local_hostname,
+        o.global_segment_size // max(1, ranks),
+        o.local_buffer_size,
+        o.tenant_id,
+        o.enable_ssd_offload,
+        o.ssd_offload_path,
+        o.probe_timeout_s,
+        o.health_probe_interval_s,
+    )
+
+
+class Connection:
+    """A set-up Mooncake store (embedded ``setup`` or standalone ``setup_dummy``)."""
+
+    def __init__(self, options: MooncakeOptions, *, tp_rank: int = 0, ranks: int = 1) -> None:
+        self.options = options
+        self.standalone = options.standalone_storage
+        self.module = import_store()
+        self.where = (
+            f"mooncake_client {options.client_server_address}"
+            if self.standalone
+            else f"mooncake_master {options.master_server_address}"
+        )
+        self.store = self._connect(tp_rank, ranks)
+        endpoints = [options.master_server_address]
+        if self.standalone:  # the client always; the master too when it was given explicitly
+            explicit = "master_server_address" in options.model_fields_set
+            endpoints = [options.client_server_address or "", *(endpoints if explicit else [])]
+        self.gate = HealthGate(
+            endpoints, options.probe_timeout_s, options.health_probe_interval_s, self.where
+        )
+        self.key: tuple[Any, ...] | None = None
+        self.users = 0
+        self.closed = False
+        self._regions: list[Region] = []
+        self._starts: list[int] = []
+        self._lock = threading.Lock()
+        # keys this process is putting right now -> set when that put returns (see claim())
+        self.inflight: dict[str, threading.Event] = {}
+        self.inflight_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ setup
+    def _connect(self, tp_rank: int, ranks: int) -> Any:
+        o = self.options
+        t0 = time.monotonic()
+        deadline = t0 + o.setup_timeout_s
+        target = o.client_server_address if self.standalone else o.master_server_address
+        assert target is not None
+        why = tcp_probe(target, min(o.probe_timeout_s, o.setup_timeout_s))
+        while why is not None:
+            if time.monotonic() + 0.1 >= deadline:
+                hint = (
+                    "start `mooncake_client --master_server_address=... --metadata_server=http://<master>/metadata` "
+                    "or fix client_server_address / MOONCAKE_CLIENT"
+                    if self.standalone
+                    else "start `mooncake_master` or fix master_server_address / MOONCAKE_MASTER"
+                )
+                raise BackendTimeoutError(
+                    f"mooncake: {self.where} is not reachable ({why}) within setup_timeout_s="
+                    f"{o.setup_timeout_s:g} s; {hint}"
+                )
+            time.sleep(0.1)
+            why = tcp_probe(target, max(0.05, min(o.probe_timeout_s, deadline - time.monotonic())))
+        if o.check_server and not self.standalone:
+            self._wait_health(deadline)
+        store = self.module.MooncakeDistributedStore()
+        with _limited_setup_retries():
+            if self.standalone:
+                assert o.client_server_address is not None
+                rc = store.setup_dummy(
+                    o.mem_pool_size or o.local_buffer_size, o.local_buffer_size, o.client_server_address
+                )
+            else:
+                kwargs: dict[str, Any] = {}
+                if o.enable_ssd_offload:
+                    kwargs.update(enable_ssd_offload=True, ssd_offload_path=o.ssd_offload_path or "")
+                if o.tenant_id != "default":
+                    kwargs["tenant_id"] = o.tenant_id
+                rc = store.setup(
+                    o.local_hostname,
+                    o.metadata_server,
+                    o.global_segment_size // max(1, ranks),
+                    o.local_buffer_size,
+                    o.protocol,
+                    resolve_device(o.device_name, tp_rank),
+                    o.master_server_address,
+                    **kwargs,
+                )
+        elapsed = time.monotonic() - t0
+        if rc != 0:
+            cls = BackendTimeoutError if elapsed > o.setup_timeout_s else BackendIOError
+            raise cls(
+                f"mooncake: {'setup_dummy' if self.standalone else 'setup'} against {self.where} returned "
+                f"{rc} after {elapsed:.1f} s; check that the master is healthy, that metadata_server "
+                f"({o.metadata_server!r}) matches the rest of the cluster, and the Mooncake log above"
+            )
+        log.info("hicache mooncake: connected to %s in %.3f s", self.where, elapsed)
+        return store
+
+    def _wait_health(self, deadline: float) -> None:
+        host, _ = _split(self.options.master_server_address)
+        url = f"http://{host}:{self.options.master_metrics_port}/health"
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(url, timeout=self.options.probe_timeout_s) as r:
+                    last = r.read().decode("utf-8", "replace")
+                    if '"service_ready":true' in last.replace(" ", ""):
+                        return
+            except OSError as err:
+                last = str(err)
+            time.sleep(0.1)
+        raise BackendTimeoutError(
+            f"mooncake: master health {url} not ready within setup_timeout_s={self.options.setup_timeout_s:g} s "
+            f"(last answer: {last[:200]!r}); check master_metrics_port or disable check_server"
+        )
+
+    # ------------------------------------------------------------- memory
+    def _find(self, ptr: int, size: int) -> Region | None:
+        i = bisect.bisect_right(self._starts, ptr) - 1
+        if i >= 0:
+            r = self._regions[i]
+            if ptr >= r.start and ptr + size <= r.end:
+                return r
+        return None
+
+    def covers(self, ptr: int, size: int) -> bool:
+        """Whether ``[ptr, ptr+size)`` lies inside one registered region."""
+        return self._find(ptr, size) is not None
+
+    def _insert(self, region: Region) -> None:
+        i = bisect.bisect_left(self._starts, region.start)
+        self._starts.insert(i, region.start)
+        self._regions.insert(i, region)
+
+    def _remove(self, region: Region) -> None:
+        i = self._regions.index(region)
+        del self._regions[i]
+        del self._starts[i]
+        if not region.permanent:
+            self.store.unregister_buffer(region.start)
+
+    def register(self, ptr: int, size: int, owner: str, holder: Any) -> bool:
+        """Make ``[ptr, ptr+size)`` usable for zero-copy; ``False`` if the store refuses it.
+
+        A range inside an already registered region just gains an owner. In standalone mode
+        only shared memory from :meth:`alloc_shared` qualifies, so other memory returns False.
+        """
+        if size <= 0:
+            return True
+        with self._lock:
+            r = self._find(ptr, size)
+            if r is not None:
+                r.owners.add(owner)
+                return True
+            if self.standalone:
+                return False
+            # drop registrations that overlap but nobody uses any more
+            for old in [x for x in self._regions if x.start < ptr + size and ptr < x.end]:
+                if old.permanent or old.owners:
+                    return False
+                self._remove(old)
+            rc = self.store.register_buffer(ptr, size)
+            if rc != 0:
+                log.warning("hicache mooncake: register_buffer(%#x, %d) returned %s", ptr, size, rc)
+                return False
+            self._insert(Region(ptr, ptr + size, {owner}, holder))
+            return True
+
+    def release(self, owner_prefix: str) -> None:
+        """Drop every owner starting with ``owner_prefix``; unregister regions left unused."""
+        with self._lock:
+            for r in list(self._regions):
+                r.owners = {o for o in r.owners if not o.startswith(owner_prefix)}
+                if not r.owners and not r.permanent:
+                    self._remove(r)
+
+    def alloc_shared(self, nbytes: int, owner: str) -> Any:
+        """``nbytes`` of store-owned shared memory (standalone mode) as a flat uint8 tensor."""
+        import torch
+
+        if not self.standalone:
+            raise BackendIOError("mooncake: store-owned shared memory exists only in standalone mode")
+        ptr = int(self.store.alloc_from_mem_pool(nbytes))
+        if ptr <= 0:
+            raise BackendIOError(
+                f"mooncake: alloc_from_mem_pool({nbytes}) failed ({ptr}); the {self.where} could not "
+                "provide shared memory (check its logs and the host's free memory)"
+            )
+        rc = self.store.register_buffer(ptr, nbytes)
+        if rc != 0:
+            raise BackendIOError(f"mooncake: register_buffer of shared memory {nbytes} B returned {rc}")
+        array = (ctypes.c_uint8 * nbytes).from_address(ptr)
+        tensor = torch.frombuffer(array, dtype=torch.uint8)
+        with self._lock:
+            self._insert(Region(ptr, ptr + nbytes, {owner}, (array, tensor), permanent=True))
+        return tensor
+
+    def close(self) -> None:
+        """Unregister, then close the Mooncake client (1-2 s; store-owned shared memory stays mapped)."""
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.gate.close()
+            for r in self._regions:
+                if not r.permanent:
+                    with contextlib.suppress(Exception):
+                        self.store.unregister_buffer(r.start)
+            self._regions = [r for r in self._regions if r.permanent]
+            self._starts = [r.start for r in self._regions]
+        with contextlib.suppress(Exception):
+            self.store.close()
+
+
+_POOL: dict[tuple[Any, ...], Connection] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def acquire(options: MooncakeOptions, tp_rank: int, ranks: int) -> Connection:
+    """A connection for ``options``: the process-wide shared one when ``reuse_connection``."""
+    if not options.reuse_connection:
+        conn = Connection(options, tp_rank=tp_rank, ranks=ranks)
+        conn.users = 1
+        return conn
+    key = _key(options, tp_rank, ranks)
+    with _POOL_LOCK:
+        shared = _POOL.get(key)
+        if shared is None or shared.closed:
+            shared = Connection(options, tp_rank=tp_rank, ranks=ranks)
+            shared.key = key
+            _POOL[key] = shared
+        shared.users += 1
+        return shared
+
+
+def release(conn: Connection) -> None:
+    """One user is done: a private connection closes now, a shared one stays for reuse."""
+    with _POOL_LOCK:
+        conn.users = max(0, conn.users - 1)
+        if conn.key is not None and _POOL.get(conn.key) is conn:
+            return
+    if conn.users == 0:
+        conn.close()
+
+
+def close_idle_connections() -> int:
+    """Close every shared connection no store uses any more; returns how many were closed."""
+    with _POOL_LOCK:
+        idle = [c for c in _POOL.values() if c.users == 0]
+        for c in idle:
+            assert c.key is not None
+            del _POOL[c.key]
+    for c in idle:
+        c.close()
+    return len(idle)
+
+
+@atexit.register
+def _close_all() -> None:  # pragma: no cover - runs at interpreter exit
+    with _POOL_LOCK:
+        conns = list(_POOL.values())
+        _POOL.clear()
+    for c in conns:
+        with contextlib.suppress(Exception):
+            c.close()

@@ -1,0 +1,95 @@
+"""CONTRIBUTING.md cannot drift from the code: hook signatures, test names, and the template.
+
+The template test follows the guide literally: it writes every code block marked
+``<!-- template: PATH -->`` into an empty folder, installs the resulting distribution with pip
+into a throwaway ``--target`` directory and runs ``hicache check example`` on it (and the
+template's own ``BackendConformance`` subclass) in subprocesses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hicache_core.testing import BackendConformance, hookspec_signatures
+
+REPO = Path(__file__).resolve().parents[2]
+GUIDE = REPO / "CONTRIBUTING.md"
+TEMPLATE_RE = re.compile(r"<!-- template: (?P<path>[^ ]+) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
+
+
+def _guide() -> str:
+    return GUIDE.read_text(encoding="utf-8")
+
+
+def _templates() -> dict[str, str]:
+    return {m["path"]: m["body"] for m in TEMPLATE_RE.finditer(_guide())}
+
+
+@pytest.mark.parametrize("hook", list(hookspec_signatures()))
+def test_hook_signature_documented(hook: str) -> None:
+    signature = hookspec_signatures()[hook]
+    assert signature in _guide(), f"CONTRIBUTING.md must quote the hookspec exactly:\n{signature}"
+
+
+def test_every_suite_test_documented() -> None:
+    guide = _guide()
+    names = sorted(n for n in dir(BackendConformance) if n.startswith("test_"))
+    assert len(names) >= 40
+    missing = [n for n in names if f"`{n}`" not in guide and f"`{n}[" not in guide]
+    assert not missing, f"tests missing from CONTRIBUTING.md section 1.7: {missing}"
+
+
+def test_template_blocks_present() -> None:
+    paths = set(_templates())
+    assert {
+        "hicache-example/pyproject.toml",
+        "hicache-example/hicache_example/__init__.py",
+        "hicache-example/tests/test_conformance.py",
+    } <= paths, paths
+
+
+def _hicache() -> list[str]:
+    script = Path(sys.executable).with_name("hicache")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hicache_core._cli"]
+
+
+def test_template_installs_and_certifies(tmp_path: Path) -> None:
+    """Empty folder -> template files -> pip install -> `hicache check example` exits 0."""
+    for rel, body in _templates().items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+    target = tmp_path / "site"
+    pip = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-input",
+         "--disable-pip-version-check", "-q", "--target", str(target), str(tmp_path / "hicache-example")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert pip.returncode == 0, f"pip install failed:\n{pip.stdout[-3000:]}\n{pip.stderr[-3000:]}"
+    assert list(target.glob("hicache_example-*.dist-info")), sorted(p.name for p in target.iterdir())
+    env = dict(os.environ, PYTHONPATH=str(target))
+    env.pop("PYTEST_ADDOPTS", None)
+    work = tmp_path / "work"
+    work.mkdir()
+    check = subprocess.run(
+        [*_hicache(), "check", "example", "-q"], cwd=work, env=env,
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    output = check.stdout + check.stderr
+    assert check.returncode == 0, f"hicache check example failed:\n{output[-6000:]}"
+    assert "PASSED" in output and "0 failed" in output, output[-3000:]
+    passed = int(re.search(r"(\d+) passed, 0 failed", output)[1])  # type: ignore[index]
+    assert passed >= 40, output[-3000:]
+    tests_dir = tmp_path / "hicache-example" / "tests"
+    sub = subprocess.run(
+        [sys.executable, "-m", "pytest", str(tests_dir / "test_conformance.py"), "-q", "-p", "no:cacheprovider",
+         "--rootdir", str(tests_dir), "-o", "addopts=", "-k", "discovery or contract or v1_roundtrip"],
+        cwd=tests_dir, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert sub.returncode == 0, f"the template's BackendConformance subclass failed:\n{sub.stdout[-4000:]}"

@@ -1,0 +1,163 @@
+"""The ``hicache`` pytest plugin and ``hicache check``, driven in subprocesses like a user would.
+
+Backends come from ``broken_backends.py`` installed on ``PYTHONPATH`` (``good-memory`` is the
+correct reference, ``broken-*`` have one defect each, ``unavailable-sdk`` needs a vendor SDK).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from hicache_core._cli_check import summarize
+from tests.conformance.helpers import subprocess_env
+
+
+def _run(args: list[str], site: Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=subprocess_env(site), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def _pytest(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args]
+
+
+def _hicache(*args: str) -> list[str]:
+    script = Path(sys.executable).with_name("hicache")
+    return [
+        str(script) if script.exists() else sys.executable,
+        *([] if script.exists() else ["-m", "hicache_core._cli"]),
+        *args,
+    ]
+
+
+# ------------------------------------------------------------------ the plugin
+def test_plugin_import_is_light(tmp_path: Path) -> None:
+    code = (
+        "import sys, hicache_core.testing._plugin\n"
+        "heavy = [m for m in ('torch', 'pydantic', 'hypothesis', 'hicache_core.testing._suite') if m in sys.modules]\n"
+        "print(heavy)\n"
+        "sys.exit(1 if heavy else 0)\n"
+    )
+    proc = _run([sys.executable, "-X", "importtime", "-c", code], tmp_path, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+    assert not [line for line in proc.stderr.splitlines() if re.search(r"\|\s+torch(\.|$)", line)]
+
+
+def test_pyargs_without_backend_collects_nothing(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(_pytest("--pyargs", "hicache_core.testing", "-q"), broken_site, tmp_path)
+    assert proc.returncode == 5, proc.stdout[-2000:]  # "no tests ran": the suite is not collected
+    assert "error" not in proc.stdout.lower()
+
+
+def test_pyargs_runs_suite(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(
+        _pytest("--pyargs", "hicache_core.testing", "--hicache-backend", "good-memory", "-q",
+                "-k", "discovery or contract or v1_roundtrip"),
+        broken_site, tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert re.search(r"\b15 passed\b", proc.stdout), proc.stdout[-1000:]
+    assert "hicache conformance: backend='good-memory'" in proc.stdout or "passed" in proc.stdout
+
+
+def test_pyargs_in_project_with_other_python_files(broken_site: Path, tmp_path: Path) -> None:
+    (tmp_path / "pytest.ini").write_text("[pytest]\npython_files = check_*.py\naddopts = -q\n")
+    proc = _run(
+        _pytest("--pyargs", "hicache_core.testing", "--hicache-backend", "good-memory", "-k", "discovery"),
+        broken_site, tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0 and re.search(r"\b3 passed\b", proc.stdout), proc.stdout[-3000:]
+
+
+def test_plugin_options_file(broken_site: Path, tmp_path: Path) -> None:
+    (tmp_path / "opts.json").write_text(json.dumps({}))
+    args = ["--pyargs", "hicache_core.testing", "--hicache-backend", "good-memory", "-k", "discovery_open"]
+    proc = _run(_pytest(*args, "--hicache-options", "@opts.json"), broken_site, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_plugin_usage_errors(broken_site: Path, tmp_path: Path) -> None:
+    base = ["--pyargs", "hicache_core.testing"]
+    proc = _run(_pytest(*base, "--hicache-backend", "nosuch"), broken_site, tmp_path)
+    assert proc.returncode == 4 and "good-memory" in proc.stderr, proc.stderr[-2000:]
+    proc = _run(
+        _pytest(*base, "--hicache-backend", "good-memory", "--hicache-options", "{"), broken_site, tmp_path
+    )
+    assert proc.returncode == 4 and "not valid JSON" in proc.stderr, proc.stderr[-2000:]
+    proc = _run(
+        _pytest(*base, "--hicache-backend", "good-memory", "--hicache-options", '{"x": 1}'),
+        broken_site,
+        tmp_path,
+    )
+    assert proc.returncode == 4 and "options.x" in proc.stderr, proc.stderr[-2000:]
+    proc = _run(_pytest(*base, "--hicache-options", "{}"), broken_site, tmp_path)
+    assert proc.returncode == 4 and "--hicache-backend" in proc.stderr, proc.stderr[-2000:]
+    proc = _run(_pytest(*base, "--hicache-backend", "unavailable-sdk"), broken_site, tmp_path)
+    assert proc.returncode == 4 and "vendor SDK" in proc.stderr, proc.stderr[-2000:]
+
+
+# ------------------------------------------------------------------ hicache check
+def test_check_unknown_backend_lists_installed(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(_hicache("check", "nosuch"), broken_site, tmp_path)
+    assert proc.returncode != 0
+    assert "Installed backends:" in proc.stderr and "good-memory" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_check_unavailable_and_bad_options(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(_hicache("check", "unavailable-sdk"), broken_site, tmp_path)
+    assert proc.returncode != 0 and "vendor SDK" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run(_hicache("check", "good-memory", "--options", '{"nope": 1}'), broken_site, tmp_path)
+    assert proc.returncode != 0 and "options.nope" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _run(_hicache("check", "good-memory", "--options", "@missing.json"), broken_site, tmp_path)
+    assert proc.returncode != 0 and "cannot read options file" in proc.stderr
+
+
+def test_check_reference_backend_passes(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(_hicache("check", "good-memory", "-q"), broken_site, tmp_path)
+    out = proc.stdout
+    assert proc.returncode == 0, out[-5000:] + proc.stderr[-2000:]
+    for group in ("discovery", "contract", "v1", "v2", "isolation", "stateful", "persistence"):
+        assert re.search(rf"│ {group}\s+│", out), f"group {group} missing from the table:\n{out[-3000:]}"
+    assert "does not declare capabilities.persistent" in out  # skip reasons are shown
+    m = re.search(r"PASSED - (\d+) passed, 0 failed", out)
+    assert m and int(m[1]) >= 50, out[-2000:]
+
+
+def test_check_broken_backend_fails(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(
+        _hicache("check", "broken-holes", "-q", "--", "-k", "prefix or discovery"), broken_site, tmp_path
+    )
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "FAILED test_prefix_hole_ends_prefix" in proc.stdout
+    assert "FAILED - 3 passed, 3 failed" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_check_nothing_selected_is_not_success(broken_site: Path, tmp_path: Path) -> None:
+    proc = _run(
+        _hicache("check", "good-memory", "-q", "--", "-k", "no_such_test_name"), broken_site, tmp_path
+    )
+    assert proc.returncode != 0
+
+
+def test_summarize_groups_outcomes() -> None:
+    summary = summarize(
+        {
+            "a.py::T::test_v1_roundtrip[mha-0]": ("passed", ""),
+            "a.py::T::test_v1_get_missing": ("failed", "AssertionError: x"),
+            "a.py::T::test_v2_roundtrip[1]": ("skipped", "no v2"),
+            "a.py::T::test_v2_roundtrip[2]": ("skipped", "no v2"),
+            "a.py::T::test_shared_two_processes": ("xfailed", "sandbox"),
+            "a.py::T::test_custom_thing": ("passed", ""),
+        }
+    )
+    assert (summary["v1"].passed, summary["v1"].failed) == (1, 1)
+    assert summary["v1"].failures == ["test_v1_get_missing: AssertionError: x"]
+    assert summary["v2"].skipped == 2 and summary["v2"].reasons == {"no v2": 2}
+    assert summary["shared"].xfailed == 1
+    assert summary["other"].passed == 1

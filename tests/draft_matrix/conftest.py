@@ -1,0 +1,13 @@
+"""Fixtures of the draft matrix: real backends only (file, mooncake, hf3fs).
+
+Mooncake runs against a REAL ``mooncake_master`` started by the plugin's own fixtures
+(``hicache_mooncake.testing``); when that plugin is missing its cases skip with the reason
+(see ``draft_util.backend_options``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+with contextlib.suppress(ImportError):  # without the plugin, draft_util.backend_options skips
+    from hicache_mooncake.testing import mooncake_master  # noqa: F401  (session fixture)

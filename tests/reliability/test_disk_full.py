@@ -1,0 +1,113 @@
+"""Disk full (file backend): failing pages are reported per page, stored pages stay readable.
+
+Two variants: a real 2 MiB tmpfs mounted in the test (skipped with the reason when mounting is
+impossible), and an injected ``ENOSPC`` from ``os.writev`` that always runs.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import hicache_core as hc
+from tests.reliability._util import GEOMETRY, HAVE_FILE, fill_pages, hex_hash, page_matches, report, temp_files
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")]
+BATCH = 16
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=30
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a 2 MiB tmpfs here: {proc.stderr.strip() or proc.returncode}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def _fill_until_full(root: Path, caplog, batches: int) -> dict[str, object]:
+    kv = hc.MHAKVPool(BATCH, **GEOMETRY)
+    cfg = hc.StorageConfig(backend="file", options={"root": str(root)}, model_name="diskfull")
+    stored: list[str] = []
+    failed = partial_batches = 0
+    with hc.CacheController(cfg, hc.HostPoolGroup(kv)) as ctl:
+        for b in range(batches):
+            hashes = [hex_hash("diskfull", b * BATCH + i) for i in range(BATCH)]
+            fill_pages(kv, range(BATCH), hashes)
+            res = ctl.backup(hashes, range(BATCH))
+            ok = res.per_pool[hc.PoolName.KV]
+            stored += [h for h, f in zip(hashes, ok) if f]
+            failed += ok.count(False)
+            partial_batches += 0 < ok.count(False) < BATCH
+            assert not res.errors or all("backend 'file'" in e for e in res.errors)
+        stats = ctl.store.backend.stats
+        # every page acknowledged earlier still reads back byte-exact (fresh host slots)
+        readable = 0
+        for s in range(0, len(stored), BATCH):
+            part = stored[s : s + BATCH]
+            for buf in kv.buffers():
+                buf.fill_(0)
+            got = ctl.prefetch(part, range(len(part)))
+            readable += sum(1 for i, h in enumerate(part[: got.pages]) if page_matches(kv, i, h))
+    reasons = [r.getMessage() for r in caplog.records if r.name == "hicache.file" and "failed" in r.getMessage()]
+    return {
+        "attempted": batches * BATCH,
+        "stored": len(stored),
+        "failed": failed,
+        "partial_batches": partial_batches,
+        "readable": readable,
+        "write_errors": stats.write_errors,
+        "enospc_logged": sum("No space left" in m or f"Errno {errno.ENOSPC}" in m for m in reasons),
+        "temp_files_left": len(temp_files(root)),
+    }
+
+
+def test_tmpfs_full(small_fs: Path, caplog, record_property) -> None:
+    caplog.set_level(logging.WARNING, logger="hicache.file")
+    counts = _fill_until_full(small_fs / "root", caplog, batches=8)  # 128 pages x 32 KiB > 2 MiB
+    report(record_property, "disk-full-tmpfs", **counts)
+    assert counts["stored"] > 0 and counts["failed"] > 0
+    assert counts["readable"] == counts["stored"]
+    assert counts["write_errors"] > 0 and counts["enospc_logged"] > 0
+    assert counts["temp_files_left"] == 0
+
+
+def test_injected_enospc(tmp_path: Path, caplog, monkeypatch, record_property) -> None:
+    """``os.writev`` fails with ENOSPC (or writes short, then fails) after a byte budget."""
+    caplog.set_level(logging.WARNING, logger="hicache.file")
+    budget = {"left": 80 * (16 << 10)}  # about 80 component objects (40 pages) fit
+    real = os.writev
+
+    def writev(fd: int, buffers: list) -> int:
+        total = sum(memoryview(b).nbytes for b in buffers)
+        if budget["left"] <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if total > budget["left"]:  # a short write: the backend must finish it or fail cleanly
+            first = memoryview(buffers[0]).cast("B")[: budget["left"]]
+            budget["left"] = 0
+            return real(fd, [first])
+        budget["left"] -= total
+        return real(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", writev)
+    monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "injected")))
+    counts = _fill_until_full(tmp_path / "root", caplog, batches=6)
+    report(record_property, "disk-full-injected", **counts)
+    assert counts["stored"] > 0 and counts["failed"] > 0
+    assert counts["readable"] == counts["stored"]
+    assert counts["write_errors"] >= counts["failed"]  # counted per component key
+    assert counts["enospc_logged"] > 0 and counts["temp_files_left"] == 0

@@ -1,0 +1,57 @@
+"""Helpers shared by the SGLang integration tests (imported by name; kept out of conftest.py).
+
+Every adapter is created the way SGLang creates it: ``StorageBackendFactory.create_backend(
+"dynamic", HiCacheStorageConfig(...), host_pool)`` followed by ``register_mem_pool_host`` (and,
+for hybrid models, ``register_mem_host_pool_v2`` per pool), as ``HiCacheController`` and
+``HybridCacheController.attach_storage_backend`` do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+ADAPTER_LOADER = {"backend_name": "hicache", "module_path": "hicache_sglang", "class_name": "HiCacheAdapter"}
+
+
+def sglang_config(
+    extra_config: dict[str, Any],
+    *,
+    is_mla: bool = False,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    model: str | None = None,
+    page_first: bool = True,
+    metrics: bool = False,
+) -> HiCacheStorageConfig:
+    """SGLang's own storage config, filled as ``HiCacheController._generate_storage_config`` does."""
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=is_mla,
+        enable_storage_metrics=metrics,
+        is_page_first_layout=page_first,
+        model_name=model,
+        extra_config=dict(extra_config),
+    )
+
+
+def create(
+    extra_config: dict[str, Any], kv_pool: Any, *, pools: dict[Any, Any] | None = None, **config: Any
+) -> Any:
+    """Create and attach a backend exactly as SGLang's controllers do."""
+    cfg = sglang_config(extra_config, page_first=kv_pool.layout == "page_first", **config)
+    backend = StorageBackendFactory.create_backend("dynamic", cfg, kv_pool)
+    backend.register_mem_pool_host(kv_pool)
+    if pools:
+        backend.register_mem_host_pool_v2(kv_pool, PoolName.KV)
+        for name, pool in pools.items():
+            backend.register_mem_host_pool_v2(pool, name)
+        backend.on_host_pools_registered()
+    return backend
