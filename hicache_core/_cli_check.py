@@ -138,6 +138,7 @@ def _pytest_args(
         str(suite_dir.parent.parent),
         "--confcutdir",
         str(suite_dir),
+        "--noconftest",  # the suite needs none; never pick up the current project's conftest.py
         "-p",
         "no:cacheprovider",
         "--tb=short",

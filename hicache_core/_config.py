@@ -32,7 +32,17 @@ log = logging.getLogger("hicache")
 
 ENV_PREFIX = "HICACHE_"
 # HICACHE_* variables that are not config fields (read by other parts of hicache).
-_NON_CONFIG_ENV = {"BACKENDS_ALLOW", "BACKENDS_BLOCK", "TRACE", "CONFIG", "PURE_PYTHON_HASH"}
+_NON_CONFIG_ENV = {
+    "BACKENDS_ALLOW",  # registry allow-list
+    "BACKENDS_BLOCK",  # registry block-list
+    "CONFIG",  # config file path (load_config)
+    "TRACE",  # hook-call tracing (Store)
+    "PURE_PYTHON_HASH",  # force the pure-Python page hashing
+    "REQUIRE_NATIVE",  # build: fail instead of falling back when the C extension cannot build
+    "METRICS_PORT",  # metrics extension: standalone exporter port
+    "METRICS_ADDR",  # metrics extension: exporter bind address
+    "LONG_TESTS",  # the project's own long test variants
+}
 
 
 class PrefetchPolicy(str, Enum):

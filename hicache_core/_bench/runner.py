@@ -131,18 +131,20 @@ def _backup_problems(reqs_pages: list[int], results: list[Any], draft: bool) -> 
 def run_bench(req: BenchRequest) -> dict[str, Any]:
     """Run the whole bench; return the report (``report["verified"]`` decides the exit code)."""
     t_start = time.perf_counter()
-    load_backend_class(req.backend)  # unknown name -> BackendNotFoundError, before any side effect
+    backend_cls = load_backend_class(req.backend)  # unknown name -> BackendNotFoundError, first
     profile: ModelProfile = PROFILES[req.model]
     seed = req.seed if req.seed is not None else secrets.randbits(31)
     metrics_installed = req.metrics and "metrics" in find_extensions()
     with ExitStack() as stack:
         options = req.options
+        temp_root = None
         if options is None:
             options = {}
-            if req.backend == "file":
-                tmp = tempfile.mkdtemp(prefix="hicache-bench-")
-                stack.callback(shutil.rmtree, tmp, True)
-                options = {"root": tmp}
+            if "root" in backend_cls.Options.model_fields:  # type: ignore[attr-defined]
+                # A filesystem backend (file): a fresh temporary root, removed afterwards.
+                temp_root = tempfile.mkdtemp(prefix="hicache-bench-")
+                stack.callback(shutil.rmtree, temp_root, True)
+                options = {"root": temp_root}
         config = StorageConfig(
             backend=req.backend,
             options=options,
@@ -182,7 +184,7 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
             seed,
             rounds=req.rounds,
             progress=req.progress,
-            clear=req.options is not None,  # leave nothing behind in a store the user named
+            clear=temp_root is None,  # leave nothing behind in a store we did not create
             raw_dir=base.directory if isinstance(base, RawFiles) else None,
             raw_threads=base.threads if isinstance(base, RawFiles) else 1,
         )

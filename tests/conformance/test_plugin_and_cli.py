@@ -130,6 +130,10 @@ def test_check_reference_backend_passes(broken_site: Path, tmp_path: Path) -> No
 
 
 def test_check_broken_backend_fails(broken_site: Path, tmp_path: Path) -> None:
+    # run from a project whose own conftest files would break any pytest run: check ignores them
+    (tmp_path / "tests").mkdir()
+    for conftest in (tmp_path / "conftest.py", tmp_path / "tests" / "conftest.py"):
+        conftest.write_text("raise ImportError('this project conftest must not be loaded')\n")
     proc = _run(
         _hicache("check", "broken-holes", "-q", "--", "-k", "prefix or discovery"), broken_site, tmp_path
     )

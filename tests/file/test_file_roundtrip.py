@@ -208,3 +208,27 @@ def test_v2_partial_results_per_page(tmp_path) -> None:
         res = ctl.prefetch(hashes[:3], range(3))
         assert res.pages == 1
         assert all(torch.equal(a, b) for a, b in zip(want, page_slice(kv, 1)))
+
+
+@pytest.mark.parametrize("publish", ["tmpfile", "rename"])
+def test_set_skips_present_keys(tmp_path, publish: str) -> None:
+    opts = {"publish": publish}
+    a, b = open_store(config(tmp_path, options=opts)), open_store(config(tmp_path, options=opts))
+    first = torch.full((64,), 1, dtype=torch.uint8)
+    second = torch.full((64,), 2, dtype=torch.uint8)
+    with a, b:
+        # a direct set of a present key is skipped (no write) and reported True
+        assert a.batch_io_v1(IoOp.SET, ["s.k1"], [first]) == [True]
+        assert b.batch_io_v1(IoOp.SET, ["s.k1"], [second]) == [True]
+        assert b.backend.stats.skipped_writes == 1 and b.backend.stats.writes == 0
+        # exists() said absent, then another process published it: still True, one copy
+        assert a.batch_io_v1(IoOp.EXISTS, ["s.k2"]) == [False]
+        assert b.batch_io_v1(IoOp.SET, ["s.k2"], [second]) == [True]
+        assert a.batch_io_v1(IoOp.SET, ["s.k2"], [first]) == [True]
+        out = torch.zeros(64, dtype=torch.uint8)
+        assert a.batch_io_v1(IoOp.GET, ["s.k2"], [out]) == [True]
+        if publish == "tmpfile":  # the first published copy wins; rename replaces it
+            assert torch.equal(out, second) and a.backend.stats.skipped_writes == 1
+        else:
+            assert torch.equal(out, first)
+    assert not any(".tmp-" in f for f in _keys(tmp_path))

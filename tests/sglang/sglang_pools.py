@@ -43,7 +43,26 @@ def _alloc(dims, *, dtype, device, pin_memory=False, allocator=None, registratio
 _NAMESPACE: dict[str, Any] = {"torch": torch, "np": np, "ALLOC_MEMORY_FUNCS": {"cpu": _alloc}}
 
 
-def sglang_methods(relpath: str, class_name: str, names: list[str]) -> dict[str, Any]:
+def sglang_classes(relpath: str, names: list[str], namespace: dict[str, Any]) -> dict[str, type]:
+    """Compile the top-level classes ``names`` of SGLang's source file ``relpath`` (in order)."""
+    path = SGLANG_ROOT / relpath
+    tree = ast.parse(path.read_text())
+    nodes = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name in names]
+    ns = {**_NAMESPACE, **namespace}
+    code = compile(
+        ast.Module(body=nodes, type_ignores=[]),
+        str(path),
+        "exec",
+        flags=__future__.annotations.compiler_flag,
+        dont_inherit=True,
+    )
+    exec(code, ns)
+    return {name: ns[name] for name in names}
+
+
+def sglang_methods(
+    relpath: str, class_name: str, names: list[str], namespace: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Compile methods ``names`` of ``class_name`` from SGLang's source file ``relpath``."""
     path = SGLANG_ROOT / relpath
     tree = ast.parse(path.read_text())
@@ -55,7 +74,7 @@ def sglang_methods(relpath: str, class_name: str, names: list[str]) -> dict[str,
         static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in node.decorator_list)
         prop = any(isinstance(d, ast.Name) and d.id == "property" for d in node.decorator_list)
         node.decorator_list = []
-        ns = dict(_NAMESPACE)
+        ns = {**_NAMESPACE, **(namespace or {})}
         code = compile(
             ast.Module(body=[node], type_ignores=[]),
             str(path),

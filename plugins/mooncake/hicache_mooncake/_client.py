@@ -126,8 +126,9 @@ class StoreLink:
             done.set()
         if sel is None:
             return flags
+        picked: list[int] = sel
         out = [False] * len(keys)
-        for i, ok in zip(sel, flags):
+        for i, ok in zip(picked, flags):
             out[i] = ok
         for ev in set(waits.values()):
             ev.wait(timeout=INFLIGHT_WAIT_S)
@@ -150,7 +151,7 @@ class StoreLink:
         fn = self.store.batch_put_from_multi_buffers
         return self._claimed(
             list(keys),
-            lambda ks, sel: self._put_codes(fn, ks, [ptrs[i] for i in sel], [sizes[i] for i in sel]),
+            lambda ks, sel: self._put_codes(fn, ks, _pick(list(ptrs), sel), _pick(list(sizes), sel)),
         )
 
     def get_ranges(
