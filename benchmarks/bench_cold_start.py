@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 BUDGET_S = 0.3
+SMOKE = os.environ.get("HICACHE_BENCH_SMOKE", "") not in ("", "0")
 
 _LISTING_PROBE = r"""
 import json, sys
@@ -88,9 +89,10 @@ def listing_check() -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     """Return ``{"cold_start_vs_python": {...}}`` with per-command min/median seconds."""
     cmds = commands()
-    runs = 5 if quick else 15
-    for cmd in cmds.values():  # warm the page cache / bytecode caches once
-        _wall(cmd)
+    runs = 1 if SMOKE else 5 if quick else 15
+    if not SMOKE:
+        for cmd in cmds.values():  # warm the page cache / bytecode caches once
+            _wall(cmd)
     times: dict[str, list[float]] = {name: [] for name in cmds}
     for _ in range(runs):
         for name, cmd in cmds.items():

@@ -149,7 +149,8 @@ def run_all(
                 entry = {**entry, "elapsed_s": seconds}
             key = name if owner.get(name, stem) == stem and name not in merged else f"{name}@{stem[6:]}"
             merged[key] = entry
-        for name in names:
+        required = EXPECTED.get(stem) or (() if result else (stem,))
+        for name in required:
             if name not in merged:
                 failed = True
                 merged[name] = _error(name, f"{stem}.run() did not report {name!r}")

@@ -44,10 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeat",
         type=_positive,
-        default=3,
+        default=2,
         metavar="R",
         help="timed rounds, each hicache phase interleaved with its raw baseline; the best of each "
-        "is reported (default 3)",
+        "is reported (default 2)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the random pages and tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._errors import BackendUnavailableError, OptionsError
+from ._errors import BackendUnavailableError, HiCacheError, OptionsError
 
 __all__ = ["GroupSummary", "add_arguments", "run", "summarize"]
 
@@ -171,7 +171,13 @@ def run(args: argparse.Namespace) -> int:
         raise OptionsError(f"--options: {err}") from None
     validate_options(cls, name, options)
 
-    import pytest
+    try:
+        import pytest
+    except ImportError:
+        raise HiCacheError(
+            "hicache check runs the conformance suite with pytest, which is not installed; "
+            "install it with `pip install 'hicache-core[testing]'`"
+        ) from None
 
     collector = _Collector()
     extra = list(getattr(args, "passthrough", []) or [])

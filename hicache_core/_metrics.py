@@ -14,10 +14,11 @@ result. Per store it records:
 * whether draft KV offload is enabled, with the declared mode and the reason.
 
 Counting is per call, never per page in Python: v2 uses ``len()`` of each transfer and the
-pool's page size; v1 finds the pool blocks of the controller's key layout by bisection on the key
-prefix (``key[:-len(page_hash)]``, learned from ``hicache_page_keys``) and counts results with
-list slices (keys in any other order are counted one by one, exactly). Bytes are those the backend reported
-as moved (a ``set`` skipped because the page already existed counts as written).
+pool's page size; v1 finds the pool blocks of the controller's key layout by bisection on the
+key prefix (``key[:-len(page_hash)]``, learned from ``hicache_page_keys``) and counts results
+with list slices (keys in any other order are counted one by one, exactly). Bytes are those the
+backend reported moved (a ``set`` skipped because the page already existed counts as written).
+A call abandoned by the controller's ``io_timeout_s`` is recorded when it finally returns.
 
 **Integrity convention for backends.** A backend that verifies what it reads exposes an integer
 attribute ``integrity_errors`` on its instance: the number of objects that failed verification
@@ -501,51 +502,26 @@ class MetricsExtension:
             pages, nbytes, failed = dict(self._pages), dict(self._bytes), dict(self._failed)
             exists, errors, calls = dict(self._exists), dict(self._errors), self._exists_calls
             hists = {k: (list(h.counts), h.total) for k, h in self._latency.items()}
-        fam = CounterMetricFamily(
-            "hicache_storage_pages",
-            "Pages moved, per pool and direction",
-            labels=[*names, "pool", "direction"],
-        )
-        for (pool, d), v in sorted(pages.items()):
-            fam.add_metric([*base, pool, d], v)
-        yield fam
-        fam = CounterMetricFamily(
-            "hicache_storage_bytes",
-            "Bytes moved, per pool and direction",
-            labels=[*names, "pool", "direction"],
-        )
-        for (pool, d), v in sorted(nbytes.items()):
-            fam.add_metric([*base, pool, d], v)
-        yield fam
-        fam = CounterMetricFamily(
-            "hicache_storage_failed_pages", "Pages a get/set reported failed", labels=[*names, "pool", "op"]
-        )
-        for (pool, op), v in sorted(failed.items()):
-            fam.add_metric([*base, pool, op], v)
-        yield fam
-        fam = CounterMetricFamily(
-            "hicache_storage_exists_pages",
-            "Existence checks per pool: hit or miss",
-            labels=[*names, "pool", "result"],
-        )
-        for (pool, r), v in sorted(exists.items()):
-            fam.add_metric([*base, pool, r], v)
-        yield fam
+        for name, doc, extra, values in (
+            ("pages", "Pages moved, per pool and direction", ["pool", "direction"], pages),
+            ("bytes", "Bytes moved, per pool and direction", ["pool", "direction"], nbytes),
+            ("failed_pages", "Pages a get/set reported failed", ["pool", "op"], failed),
+            ("exists_pages", "Existence checks per pool: hit or miss", ["pool", "result"], exists),
+            ("errors", "Backend call failures by exception type", ["op", "type"], errors),
+        ):
+            fam = CounterMetricFamily(f"hicache_storage_{name}", doc, labels=[*names, *extra])
+            for labels, v in sorted(values.items()):
+                fam.add_metric([*base, *labels], v)
+            yield fam
         fam = CounterMetricFamily("hicache_storage_exists_calls", "Backend exists calls", labels=names)
         fam.add_metric(base, calls)
-        yield fam
-        fam = CounterMetricFamily(
-            "hicache_storage_errors", "Backend call failures by exception type", labels=[*names, "op", "type"]
-        )
-        for (op, typ), v in sorted(errors.items()):
-            fam.add_metric([*base, op, typ], v)
         yield fam
         hist = HistogramMetricFamily(
             "hicache_storage_io_seconds", "Backend call latency", labels=[*names, "op", "path"], unit=""
         )
         for (op, path), (counts, total) in sorted(hists.items()):
             cumulative = list(itertools.accumulate(counts))
-            buckets = [(_le(b), float(c)) for b, c in zip(LATENCY_BUCKETS, cumulative)]
+            buckets = [(repr(float(b)), float(c)) for b, c in zip(LATENCY_BUCKETS, cumulative)]
             buckets.append(("+Inf", float(cumulative[-1])))
             hist.add_metric([*base, op, path], buckets, total)
         yield hist
@@ -565,10 +541,6 @@ class MetricsExtension:
             )
             g.add_metric([*base, draft["declared"], draft["reason"]], 1.0 if draft["enabled"] else 0.0)
             yield g
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
 
 
 class _Collector:

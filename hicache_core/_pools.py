@@ -18,11 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from ._errors import BatchShapeError, PoolError
 from ._types import HitPolicy, Layout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ._config import StorageConfig
 
 __all__ = [
     "Allocator",
@@ -333,6 +337,57 @@ class MambaPool(HostPool):
             ComponentSpec(f"conv_{i}", num_layers, tuple(s), conv_dtype) for i, s in enumerate(conv_shapes)
         ]
         super().__init__(specs, num_slots, layout=layout, allocate=allocate, allocator=allocator)
+
+    @classmethod
+    def for_node(
+        cls,
+        config: StorageConfig,
+        num_layers: int,
+        temporal_shape: Sequence[int],
+        conv_shapes: Sequence[Sequence[int]],
+        temporal_dtype: torch.dtype = torch.float32,
+        conv_dtype: torch.dtype = torch.bfloat16,
+        *,
+        num_slots: int | None,
+        max_running_requests: int,
+        pre_alloc_size: int = 0,
+        extra_buffer: bool,
+        overlap_schedule: bool,
+        layout: Layout | str | None = None,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> MambaPool:
+        """A Mamba pool sized for this node.
+
+        On a PD decode node (``config.disaggregation_mode == "decode"``) the slot count comes from
+        :func:`hicache_core.sizing.decode_mamba_pool_size` (``num_slots`` is the configured size,
+        raised with a warning when too small; ``None`` means "exactly what is needed").
+        ``extra_buffer`` is the scheduler's strategy *before* the decode normalisation. Elsewhere
+        ``num_slots`` is required and used as is.
+        """
+        from .sizing import decode_mamba_pool_size
+
+        if config.disaggregation_mode == "decode":
+            num_slots = decode_mamba_pool_size(
+                max_running_requests,
+                pre_alloc_size,
+                num_slots,
+                extra_buffer=extra_buffer,
+                overlap_schedule=overlap_schedule,
+            )
+        elif num_slots is None:
+            raise PoolError("MambaPool.for_node: pass num_slots (only PD decode nodes derive it)")
+        return cls(
+            num_slots,
+            num_layers,
+            temporal_shape,
+            conv_shapes,
+            temporal_dtype,
+            conv_dtype,
+            layout=config.layout if layout is None else layout,
+            allocate=allocate,
+            allocator=allocator,
+        )
 
 
 class IndexerPool(HostPool):

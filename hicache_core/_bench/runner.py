@@ -58,7 +58,7 @@ class BenchRequest:
     pages: int = 256
     metrics: bool = False
     seed: int | None = None
-    rounds: int = 3
+    rounds: int = 2
     progress: bool = True
 
 

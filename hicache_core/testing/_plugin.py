@@ -13,6 +13,7 @@ suite: the backend is resolved only when ``--hicache-backend`` is given.
 from __future__ import annotations
 
 import fnmatch
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,21 @@ SUITE_MODULE = Path(__file__).resolve().with_name("test_installed_backend.py")
 
 OPTIONS_KEY = pytest.StashKey[dict[str, Any]]()
 """``config.stash[OPTIONS_KEY]``: the parsed ``--hicache-options`` (``{}`` when not given)."""
+
+_SUITE_MODULES = (
+    "_base",
+    "_context",
+    "_suite",
+    "_t_io",
+    "_t_lifecycle",
+    "_t_semantics",
+    "_t_static",
+    "_t_stateful",
+)
+# Detailed assertion messages in the suite, however hicache-core is installed (not yet imported here).
+pytest.register_assert_rewrite(
+    *(f"{__package__}.{m}" for m in _SUITE_MODULES if f"{__package__}.{m}" not in sys.modules)
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

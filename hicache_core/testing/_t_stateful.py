@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, Phase, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+import pytest
 
 from hicache_core import CacheController, IoOp, PoolName
 
@@ -31,6 +29,11 @@ class StatefulTests(SuiteBase):
 
     def test_stateful_dict_model(self, hc: SuiteContext) -> None:
         """Random set / exists / get / query / prefetch / clear / reopen sequences agree with a dict."""
+        pytest.importorskip("hypothesis", reason="install hicache-core[testing] (hypothesis) for this test")
+        from hypothesis import HealthCheck, Phase, settings
+        from hypothesis import strategies as st
+        from hypothesis.stateful import RuleBasedStateMachine, precondition, rule, run_state_machine_as_test
+
         suite = self
         hashes = self.make_page_hashes(PAGES)
         can_clear = callable(getattr(hc.cls, "hicache_clear", None))

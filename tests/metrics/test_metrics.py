@@ -63,7 +63,9 @@ def fill(g: HostPoolGroup, seed: int = 3) -> None:
 
 def backend_cases() -> list[Any]:
     cases: list[Any] = ["memory", "memory-zc", "memory-nodraft"]
-    cases.append(pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")))
+    cases.append(
+        pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed"))
+    )
     return cases
 
 
@@ -183,7 +185,10 @@ def test_standalone_exporter_serves_every_store(memory_backends) -> None:
         ctl.backup(hc.page_hashes(list(range(8)), 4), range(2))
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     store_id = ctl.store.extensions["metrics"].store_id  # type: ignore[attr-defined]
-    assert f'hicache_storage_pages_total{{backend="memory",direction="write",pool="kv",store="{store_id}"}} 2.0' in body
+    assert (
+        f'hicache_storage_pages_total{{backend="memory",direction="write",pool="kv",store="{store_id}"}} 2.0'
+        in body
+    )
 
 
 def test_exporter_port_env_is_validated(memory_backends, monkeypatch) -> None:

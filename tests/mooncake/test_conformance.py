@@ -1,12 +1,8 @@
 """The core's conformance suite against the real store, in both deployment modes.
 
-* embedded: ``setup()`` clients that contribute no memory (``global_segment_size=0``) on a
-  cluster whose memory is a real ``mooncake_client`` (HTTP metadata), so pages outlive the
-  process that wrote them, as the suite's ``shared`` test requires;
-* standalone: dummy clients (``setup_dummy``) of that same ``mooncake_client``.
-
-Embedded clients that contribute their own segment (the default, P2PHANDSHAKE on a bare master)
-are covered by the other test modules.
+* embedded: ``setup()`` clients (P2PHANDSHAKE) that each contribute a segment, on the session's
+  bare ``mooncake_master``; the suite's second process is such a client too;
+* standalone: dummy clients (``setup_dummy``) of a real ``mooncake_client``.
 """
 
 from __future__ import annotations
@@ -14,24 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from conftest import embedded_options
+from hicache_mooncake.testing import MooncakeMaster, MooncakeStandalone
 
 from hicache_core.testing import BackendConformance
-from hicache_mooncake.testing import MooncakeStandalone
 
 
 class TestMooncakeEmbedded(BackendConformance):
     backend = "mooncake"
 
     @pytest.fixture
-    def base_options(self, mooncake_standalone: MooncakeStandalone) -> dict[str, Any]:
-        m = mooncake_standalone.master
-        return {
-            "master_server_address": m.address,
-            "metadata_server": m.metadata_server,
-            "local_hostname": "127.0.0.1",
-            "global_segment_size": 0,
-            "load_env": False,
-        }
+    def base_options(self, mooncake_master: MooncakeMaster) -> dict[str, Any]:
+        return embedded_options(mooncake_master)
 
 
 class TestMooncakeStandalone(BackendConformance):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -209,3 +210,34 @@ def test_reregistering_a_pool_releases_the_old_memory(embedded_opts: dict[str, A
         second = MHAKVPool(4, 4, 1, 1, 8, allocate=True)
         store.register_pool(PoolName.KV, second)
         assert not link.covers(ptr, 8) and link.covers(second.buffers()[0].data_ptr(), 8)
+
+
+def test_concurrent_puts_of_the_same_pages_report_only_visible_pages(mooncake_master: MooncakeMaster) -> None:
+    """A put of a key whose first put is still in flight returns 0 at once in Mooncake; the plugin
+    waits for that put instead, so a page reported stored is always readable."""
+    with open_store(make_config(embedded_options(mooncake_master))) as store:
+        pool = MLAKVPool(64, 1, 1, 64 << 10, torch.uint8, allocate=True)
+        store.register_pool(PoolName.KV, pool)
+        fill_bytes = torch.randint(0, 256, pool.buffers()[0].shape, dtype=torch.uint8)
+        pool.buffers()[0].copy_(fill_bytes)
+        problems: list[str] = []
+        for _ in range(3):
+            hashes = rand_hashes(64)
+            t = _transfer(store, PoolName.KV, list(range(64)), hashes)
+            start = threading.Barrier(4)
+
+            def worker(t: PoolTransfer = t, start: threading.Barrier = start) -> None:
+                start.wait()
+                ok = store.batch_io_v2(IoOp.SET, [t])[0]
+                seen = store.batch_io_v2(IoOp.EXISTS, [t])[0]
+                if any(o and not s for o, s in zip(ok, seen)):
+                    problems.append(
+                        f"reported stored but not visible: {ok.count(True)} vs {seen.count(True)}"
+                    )
+
+            threads = [threading.Thread(target=worker) for _ in range(4)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(timeout=60)
+        assert not problems, problems

@@ -34,7 +34,10 @@ def store_options(backend: str, root: Path) -> dict[str, Any]:
     if backend == "file":
         return {"root": str(root), "io_threads": 2}
     if backend == "hf3fs":
-        return {"file_path_prefix": str(root / "hf3fs"), "file_size": 2 << 30}  # sparse: no eviction in a test
+        return {
+            "file_path_prefix": str(root / "hf3fs"),
+            "file_size": 2 << 30,
+        }  # sparse: no eviction in a test
     raise ValueError(backend)
 
 
@@ -55,13 +58,18 @@ def fill_pages(pool: Any, slots: Iterable[int], hashes: Iterable[str]) -> None:
     sizes = pool.component_nbytes
     for slot, h in zip(slots, hashes):
         for c, view in enumerate(pool.page_views([slot])[0]):
-            view.copy_(torch.frombuffer(bytearray(page_bytes(h, c, sizes[c])), dtype=torch.uint8).view(view.shape))
+            view.copy_(
+                torch.frombuffer(bytearray(page_bytes(h, c, sizes[c])), dtype=torch.uint8).view(view.shape)
+            )
 
 
 def page_matches(pool: Any, slot: int, page_hash: str) -> bool:
     sizes = pool.component_nbytes
     views = pool.page_views([slot])[0]
-    return all(bytes(v.contiguous().numpy().tobytes()) == page_bytes(page_hash, c, sizes[c]) for c, v in enumerate(views))
+    return all(
+        bytes(v.contiguous().numpy().tobytes()) == page_bytes(page_hash, c, sizes[c])
+        for c, v in enumerate(views)
+    )
 
 
 def tree(path: Path) -> dict[str, tuple[int, int]]:
@@ -80,7 +88,9 @@ def tree(path: Path) -> dict[str, tuple[int, int]]:
 
 def temp_files(root: Path) -> list[str]:
     """Leftover temp files of the file backend (``.tmp-*``) or of hf3fs (``*.tmp.<pid>``)."""
-    return [p for p in tree(root) if os.path.basename(p).startswith(".tmp-") or ".tmp." in os.path.basename(p)]
+    return [
+        p for p in tree(root) if os.path.basename(p).startswith(".tmp-") or ".tmp." in os.path.basename(p)
+    ]
 
 
 def report(record_property: Any, name: str, **counts: Any) -> None:

@@ -60,7 +60,15 @@ def verify(backend: str, root: str, hashes: list[str], must_exist: list[str]) ->
     ctl = _controller(backend, root, chunk)
     store, pool = ctl.store, ctl.pools.anchor
     required = set(must_exist)
-    out = {"checked": 0, "present": 0, "partial": 0, "bytes_verified": 0, "torn": 0, "unreadable": 0, "lost": 0}
+    out = {
+        "checked": 0,
+        "present": 0,
+        "partial": 0,
+        "bytes_verified": 0,
+        "torn": 0,
+        "unreadable": 0,
+        "lost": 0,
+    }
     try:
         for s in range(0, len(hashes), chunk):
             part = hashes[s : s + chunk]
@@ -88,7 +96,9 @@ def verify(backend: str, root: str, hashes: list[str], must_exist: list[str]) ->
                         out["torn"] += 1
                 elif any(ok):
                     for comp, (g, v) in enumerate(zip(ok, pool.page_views([i])[0])):
-                        if g and v.contiguous().numpy().tobytes() != page_bytes(h, comp, pool.component_nbytes[comp]):
+                        if g and v.contiguous().numpy().tobytes() != page_bytes(
+                            h, comp, pool.component_nbytes[comp]
+                        ):
                             out["torn"] += 1
                 if h in required and not all(ok):
                     out["lost"] += 1
@@ -144,7 +154,9 @@ def zygote() -> None:
         out.flush()
 
 
-def concurrency(backend: str, root: str, threads: int, rounds: int, span: int, window: int, seed: int) -> dict[str, Any]:
+def concurrency(
+    backend: str, root: str, threads: int, rounds: int, span: int, window: int, seed: int
+) -> dict[str, Any]:
     """``threads`` threads share one controller; each backs up and prefetches random windows."""
     ctl = _controller(backend, root, 2 * threads * window, io_threads=4)
     pool = ctl.pools.anchor
@@ -171,7 +183,9 @@ def concurrency(backend: str, root: str, threads: int, rounds: int, span: int, w
                 counts["pages_read"] += got.pages
                 counts["bytes_verified"] += (got.pages - len(bad)) * pool.page_nbytes
                 if bad or res.errors or got.errors or res.pages != window:
-                    errors.append(f"thread {t}: {len(bad)} corrupt, backup {res.pages}/{window} {res.errors} {got.errors}")
+                    errors.append(
+                        f"thread {t}: {len(bad)} corrupt, backup {res.pages}/{window} {res.errors} {got.errors}"
+                    )
 
     t0 = time.monotonic()
     workers = [threading.Thread(target=work, args=(t,)) for t in range(threads)]

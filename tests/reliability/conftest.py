@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     try:
         parser.addoption(

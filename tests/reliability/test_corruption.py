@@ -7,10 +7,13 @@ hf3fs: bit flips in slot payloads and headers must be misses (its slots carry CR
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,7 @@ from tests.reliability._util import (
     GEOMETRY,
     HAVE_FILE,
     HAVE_HF3FS,
+    HAVE_MOONCAKE,
     fill_pages,
     hex_hash,
     page_matches,
@@ -33,7 +37,9 @@ pytestmark = pytest.mark.timeout(180)
 
 
 def _open(backend: str, root: Path, pages: int) -> hc.CacheController:
-    cfg = hc.StorageConfig(backend=backend, options=store_options(backend, root), model_name="corrupt", extensions=["metrics"])
+    cfg = hc.StorageConfig(
+        backend=backend, options=store_options(backend, root), model_name="corrupt", extensions=["metrics"]
+    )
     return hc.CacheController(cfg, hc.HostPoolGroup(hc.MHAKVPool(pages, **GEOMETRY)))
 
 
@@ -72,7 +78,9 @@ def _corrupt_file(path: str, rng: random.Random) -> str:
 
 
 @pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")
-def test_file_corruption_is_detected_counted_logged(tmp_path: Path, caplog, long_mode: bool, record_property) -> None:
+def test_file_corruption_is_detected_counted_logged(
+    tmp_path: Path, caplog, long_mode: bool, record_property
+) -> None:
     rng = random.Random(7)
     n = 256 if long_mode else 96
     hashes = [hex_hash("corrupt", i) for i in range(n)]
@@ -152,7 +160,11 @@ def test_hf3fs_bit_flips_are_misses(tmp_path: Path, record_property) -> None:
             for i in victims:
                 start = _slots(blob, keys[i][rng.randrange(2)].encode())
                 where = rng.choice(["header", "payload"])
-                off = start + (rng.randrange(0, 28) if where == "header" else 512 + rng.randrange(pool.component_nbytes[0]))
+                off = start + (
+                    rng.randrange(0, 28)
+                    if where == "header"
+                    else 512 + rng.randrange(pool.component_nbytes[0])
+                )
                 f.seek(off)
                 byte = f.read(1)[0]
                 f.seek(off)
@@ -203,3 +215,35 @@ def test_file_length_field_flip_is_an_integrity_error(tmp_path: Path) -> None:
         fill_pages(pool, range(2), hashes)
         ctl.backup(hashes, range(2))
         assert ctl.prefetch(hashes, range(2)).pages == 2  # rewritten by the next backup
+
+
+@pytest.mark.mooncake
+@pytest.mark.skipif(not HAVE_MOONCAKE, reason="hicache-mooncake not installed")
+def test_mooncake_checksum_surfaces_corruption_per_page(record_property) -> None:
+    """With MOONCAKE_STORE_CHECKSUM=1 (object CRC-64) a flipped byte is a per-page miss.
+
+    Without it Mooncake returns the damaged bytes as data: the plugin has no checksum of its
+    own, so it cannot detect corruption then (measured and reported, not asserted).
+    """
+    root = Path(__file__).resolve().parents[2]
+    procs = {}
+    for mode in ("1", "0"):
+        env = dict(os.environ, MOONCAKE_STORE_CHECKSUM=mode, OMP_NUM_THREADS="1")
+        procs[mode] = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability._mooncake_corrupt"],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+    out = {}
+    for mode, p in procs.items():
+        text, _ = p.communicate(timeout=150)
+        assert p.returncode == 0, f"child (checksum={mode}) failed with {p.returncode}"
+        out[mode] = json.loads(text.strip().splitlines()[-1])
+    on, off = out["1"], out["0"]
+    report(record_property, "corruption-mooncake-checksum-on", **on)
+    report(record_property, "corruption-mooncake-checksum-off", **off)
+    assert on["returned_as_data"] == 0 and on["detected"] == on["injected"]
+    assert on["intact_reported_ok"] == on["pages"] - on["injected"]

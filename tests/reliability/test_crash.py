@@ -75,13 +75,17 @@ def _progress(path: Path) -> tuple[int, list[int], bool]:
 def _backends() -> list[Any]:
     return [
         pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")),
-        pytest.param("hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")),
+        pytest.param(
+            "hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
+        ),
     ]
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("backend", _backends())
-def test_sigkill_never_exposes_torn_pages(backend: str, tmp_path: Path, long_mode: bool, record_property) -> None:
+def test_sigkill_never_exposes_torn_pages(
+    backend: str, tmp_path: Path, long_mode: bool, record_property
+) -> None:
     if not backend_listed(backend):
         pytest.skip(f"`hicache backends` does not list {backend!r} as usable")
     kills = 100 if long_mode else 10
@@ -97,7 +101,9 @@ def test_sigkill_never_exposes_torn_pages(backend: str, tmp_path: Path, long_mod
             ns = f"r{round_}"
             progress = tmp_path / f"progress-{round_}.log"
             progress.touch()
-            pid = zygote.call(op="writer", backend=backend, root=str(root), ns=ns, progress=str(progress), batch=BATCH)["pid"]
+            pid = zygote.call(
+                op="writer", backend=backend, root=str(root), ns=ns, progress=str(progress), batch=BATCH
+            )["pid"]
             deadline = time.monotonic() + 30
             while not _progress(progress)[2]:  # wait until the store is open
                 assert time.monotonic() < deadline, "writer never opened the store"
@@ -105,7 +111,9 @@ def test_sigkill_never_exposes_torn_pages(backend: str, tmp_path: Path, long_mod
             time.sleep(rng.uniform(0.01, 0.25))
             os.kill(pid, signal.SIGKILL)
             status = zygote.call(op="reap", pid=pid)["status"]
-            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, f"writer ended early: {status}"
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
+                f"writer ended early: {status}"
+            )
             started, done, _ = _progress(progress)
             hashes = [hex_hash(ns, i) for i in range((started + 1) * BATCH)]
             must = [hex_hash(ns, b * BATCH + i) for b in done for i in range(BATCH)]

@@ -16,9 +16,20 @@ from pathlib import Path
 import pytest
 
 import hicache_core as hc
-from tests.reliability._util import GEOMETRY, HAVE_FILE, fill_pages, hex_hash, page_matches, report, temp_files
+from tests.reliability._util import (
+    GEOMETRY,
+    HAVE_FILE,
+    fill_pages,
+    hex_hash,
+    page_matches,
+    report,
+    temp_files,
+)
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")]
+pytestmark = [
+    pytest.mark.timeout(120),
+    pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed"),
+]
 BATCH = 16
 
 
@@ -29,7 +40,10 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     if os.geteuid() != 0:
         pytest.skip("mounting a size-limited tmpfs needs root")
     proc = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True, timeout=30
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     if proc.returncode != 0:
         pytest.skip(f"cannot mount a 2 MiB tmpfs here: {proc.stderr.strip() or proc.returncode}")
@@ -63,7 +77,9 @@ def _fill_until_full(root: Path, caplog, batches: int) -> dict[str, object]:
                 buf.fill_(0)
             got = ctl.prefetch(part, range(len(part)))
             readable += sum(1 for i, h in enumerate(part[: got.pages]) if page_matches(kv, i, h))
-    reasons = [r.getMessage() for r in caplog.records if r.name == "hicache.file" and "failed" in r.getMessage()]
+    reasons = [
+        r.getMessage() for r in caplog.records if r.name == "hicache.file" and "failed" in r.getMessage()
+    ]
     return {
         "attempted": batches * BATCH,
         "stored": len(stored),
@@ -104,7 +120,9 @@ def test_injected_enospc(tmp_path: Path, caplog, monkeypatch, record_property) -
         return real(fd, buffers)
 
     monkeypatch.setattr(os, "writev", writev)
-    monkeypatch.setattr(os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "injected")))
+    monkeypatch.setattr(
+        os, "write", lambda fd, data: (_ for _ in ()).throw(OSError(errno.ENOSPC, "injected"))
+    )
     counts = _fill_until_full(tmp_path / "root", caplog, batches=6)
     report(record_property, "disk-full-injected", **counts)
     assert counts["stored"] > 0 and counts["failed"] > 0

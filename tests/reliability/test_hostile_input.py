@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hicache_core as hc
-from hicache_core import IoOp, PoolName, PoolTransfer
+from hicache_core import PoolName, PoolTransfer
 from tests.reliability._hostile import Tally
 from tests.reliability._util import HAVE_FILE, HAVE_HF3FS, hex_hash, report, tree
 from tests.support.distinfo import installed_dist
@@ -44,7 +44,20 @@ def _examples(long_mode: bool, n: int) -> Any:
 
 
 # ------------------------------------------------------------------ strategies
-SPECIAL_KEYS = ["", ".", "..", "a/b", "../../etc/passwd", "a\\b", "a\0b", "x" * 300, "ns..kv", "a\udc80b", " ", "-a"]
+SPECIAL_KEYS = [
+    "",
+    ".",
+    "..",
+    "a/b",
+    "../../etc/passwd",
+    "a\\b",
+    "a\0b",
+    "x" * 300,
+    "ns..kv",
+    "a\udc80b",
+    " ",
+    "-a",
+]
 keys_st = st.one_of(
     st.sampled_from(SPECIAL_KEYS),
     st.text(alphabet=st.characters(codec=None, exclude_categories=()), max_size=300),
@@ -67,7 +80,11 @@ dtype_st = st.sampled_from([torch.uint8, torch.int8, torch.float32, torch.int64,
 
 @st.composite
 def buffer_st(draw: Any) -> Any:
-    kind = draw(st.sampled_from(["ok", "dtype", "size", "meta", "noncontig", "zero-dim", "empty", "bytes", "none", "numpy"]))
+    kind = draw(
+        st.sampled_from(
+            ["ok", "dtype", "size", "meta", "noncontig", "zero-dim", "empty", "bytes", "none", "numpy"]
+        )
+    )
     n = 16
     if kind == "ok":
         return torch.zeros(n, dtype=torch.uint8)
@@ -94,13 +111,18 @@ def buffer_st(draw: Any) -> Any:
 @pytest.fixture
 def memory(tmp_path: Path) -> Iterator[None]:
     SHARED.clear()
-    with installed_dist(tmp_path / "site", "hicache-test-memory", {"hicache.backends": MEMORY_ENTRY_POINTS}, {}):
+    with installed_dist(
+        tmp_path / "site", "hicache-test-memory", {"hicache.backends": MEMORY_ENTRY_POINTS}, {}
+    ):
         yield
     SHARED.clear()
 
 
 def _backends() -> list[Any]:
-    return ["memory", pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed"))]
+    return [
+        "memory",
+        pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")),
+    ]
 
 
 class Fixture:
@@ -113,17 +135,23 @@ class Fixture:
         (self.outside / "neighbour.txt").write_text("do not touch")
         options = {"root": str(self.root)} if backend == "file" else {}
         self.kv = hc.MHAKVPool(8, 4, 1, 1, 8, allocate=False)
-        self.ctl = hc.CacheController(hc.StorageConfig(backend=backend, options=options), hc.HostPoolGroup(self.kv))
+        self.ctl = hc.CacheController(
+            hc.StorageConfig(backend=backend, options=options), hc.HostPoolGroup(self.kv)
+        )
         self.store = self.ctl.store
         for b in self.kv.buffers():
-            b.copy_(torch.randint(0, 256, b.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(5)))
+            b.copy_(
+                torch.randint(0, 256, b.shape, dtype=torch.uint8, generator=torch.Generator().manual_seed(5))
+            )
         self.saved = [b[:4].clone() for b in self.kv.buffers()]
         assert self.ctl.backup(SENTINELS, range(4)).pages == 4
         self.before = {k: v for k, v in tree(self.outside).items() if not k.startswith("root/")}
 
     def check(self) -> None:
         after = {k: v for k, v in tree(self.outside).items() if not k.startswith("root/")}
-        assert after == self.before, f"files changed outside the backend root: {set(after) ^ set(self.before)}"
+        assert after == self.before, (
+            f"files changed outside the backend root: {set(after) ^ set(self.before)}"
+        )
         for b in self.kv.buffers():
             b[4:].zero_()
         assert self.ctl.prefetch(SENTINELS, range(4, 8)).pages == 4, "a previously stored page was lost"
@@ -143,23 +171,31 @@ def _finish(record_property: Any, name: str, tallies: list[Tally]) -> None:
 
 # ------------------------------------------------------------------------ tests
 @pytest.mark.parametrize("backend", _backends())
-def test_fuzz_keys_and_batch_shapes(memory, backend: str, tmp_path: Path, long_mode: bool, record_property) -> None:
+def test_fuzz_keys_and_batch_shapes(
+    memory, backend: str, tmp_path: Path, long_mode: bool, record_property
+) -> None:
     fx = Fixture(backend, tmp_path)
     keys_t, shapes_t, v2_t = Tally("keys"), Tally("buffers"), Tally("v2")
     valid = [k for ks in fx.store.page_keys(PoolName.KV, [hex_hash("fuzz", 0)]) for k in ks]
 
     @_examples(long_mode, 150)
-    @given(op=st.sampled_from(["exists", "get", "set", "delete", 7, None]), keys=st.lists(keys_st, max_size=4))
+    @given(
+        op=st.sampled_from(["exists", "get", "set", "delete", 7, None]), keys=st.lists(keys_st, max_size=4)
+    )
     def fuzz_keys(op: Any, keys: list[Any]) -> None:
         bufs = [torch.zeros(16, dtype=torch.uint8) for _ in keys]
         keys_t.run(lambda: fx.store.batch_io_v1(op, keys, bufs))
 
     @_examples(long_mode, 150)
-    @given(op=st.sampled_from(["get", "set"]), bufs=st.lists(buffer_st(), max_size=3), extra=st.integers(-1, 1))
+    @given(
+        op=st.sampled_from(["get", "set"]), bufs=st.lists(buffer_st(), max_size=3), extra=st.integers(-1, 1)
+    )
     def fuzz_buffers(op: str, bufs: list[Any], extra: int) -> None:
         keys = (valid * 3)[: max(0, len(bufs) + extra)]
         if op == "get":
-            marks = [b.clone() if isinstance(b, torch.Tensor) and b.device.type == "cpu" else None for b in bufs]
+            marks = [
+                b.clone() if isinstance(b, torch.Tensor) and b.device.type == "cpu" else None for b in bufs
+            ]
             res = shapes_t.run(lambda: fx.store.batch_io_v1(op, keys, bufs))
             for b, m, ok in zip(bufs, marks, res or []):
                 if m is not None and not ok and b.numel() and b.dtype == torch.uint8:
@@ -192,18 +228,26 @@ def test_fuzz_keys_and_batch_shapes(memory, backend: str, tmp_path: Path, long_m
 
 
 @pytest.mark.parametrize("backend", _backends())
-def test_fuzz_controller_inputs(memory, backend: str, tmp_path: Path, long_mode: bool, record_property) -> None:
+def test_fuzz_controller_inputs(
+    memory, backend: str, tmp_path: Path, long_mode: bool, record_property
+) -> None:
     fx = Fixture(backend, tmp_path)
     hashes_t, index_t, extra_t = Tally("page_hashes"), Tally("host_indices"), Tally("extra")
     idx_st = st.one_of(
-        st.lists(st.one_of(st.integers(-10, 20), st.floats(allow_nan=True), st.text(max_size=3), st.none()), max_size=4),
+        st.lists(
+            st.one_of(st.integers(-10, 20), st.floats(allow_nan=True), st.text(max_size=3), st.none()),
+            max_size=4,
+        ),
         st.none(),
         st.integers(),
         st.text(max_size=4),
     )
 
     @_examples(long_mode, 150)
-    @given(hashes=st.one_of(st.lists(hashes_st, max_size=4), hashes_st), window=st.one_of(st.integers(-2, 3), st.text(max_size=2)))
+    @given(
+        hashes=st.one_of(st.lists(hashes_st, max_size=4), hashes_st),
+        window=st.one_of(st.integers(-2, 3), st.text(max_size=2)),
+    )
     def fuzz_hashes(hashes: Any, window: Any) -> None:
         hashes_t.run(lambda: fx.ctl.backup(hashes, range(len(hashes)) if isinstance(hashes, list) else [0]))
         hashes_t.run(lambda: fx.ctl.query(hashes, trailing_window=window))
@@ -217,7 +261,11 @@ def test_fuzz_controller_inputs(memory, backend: str, tmp_path: Path, long_mode:
         index_t.run(lambda: fx.ctl.prefetch(hs, idx))
 
     @_examples(long_mode, 60)
-    @given(extra=st.dictionaries(st.one_of(st.sampled_from(["mamba", "kv", "draft", "bogus"]), st.integers()), idx_st, max_size=2))
+    @given(
+        extra=st.dictionaries(
+            st.one_of(st.sampled_from(["mamba", "kv", "draft", "bogus"]), st.integers()), idx_st, max_size=2
+        )
+    )
     def fuzz_extra(extra: Any) -> None:
         extra_t.run(lambda: fx.ctl.backup([hex_hash("x", 0)], [5], extra))
 
@@ -250,8 +298,14 @@ OPTION_FIELDS = {
 
 def _option_backends() -> list[Any]:
     out: list[Any] = ["memory"]
-    out.append(pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")))
-    out.append(pytest.param("hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")))
+    out.append(
+        pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed"))
+    )
+    out.append(
+        pytest.param(
+            "hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
+        )
+    )
     return out
 
 
@@ -266,7 +320,11 @@ def test_fuzz_options(memory, backend: str, tmp_path: Path, long_mode: bool, rec
     roots: set[str] = set()  # resolved directories the fuzzed options point at
 
     @_examples(long_mode, 120)
-    @given(opts=st.dictionaries(names, VALUES, max_size=4), path=path_st, options_type=st.sampled_from(["dict", "list", "str"]))
+    @given(
+        opts=st.dictionaries(names, VALUES, max_size=4),
+        path=path_st,
+        options_type=st.sampled_from(["dict", "list", "str"]),
+    )
     def fuzz(opts: dict[str, Any], path: str, options_type: str) -> None:
         opts = dict(opts)
         if backend == "file":  # hostile spellings, but always under the directory we watch
@@ -276,11 +334,15 @@ def test_fuzz_options(memory, backend: str, tmp_path: Path, long_mode: bool, rec
             opts["file_path_prefix"] = f"{path}/h{next(counter)}"
             roots.add(os.path.realpath(path))
             opts.pop("fallocate", None)  # never reserve absurd sizes on the real disk
-        given_opts: Any = opts if options_type == "dict" else (list(opts) if options_type == "list" else json.dumps(opts))
+        given_opts: Any = (
+            opts if options_type == "dict" else (list(opts) if options_type == "list" else json.dumps(opts))
+        )
 
         def roundtrip() -> None:
             kv = hc.MHAKVPool(2, 4, 1, 1, 8)
-            cfg = hc.StorageConfig.model_construct(**{**hc.StorageConfig().__dict__, "backend": backend, "options": given_opts})
+            cfg = hc.StorageConfig.model_construct(
+                **{**hc.StorageConfig().__dict__, "backend": backend, "options": given_opts}
+            )
             with hc.CacheController(cfg, hc.HostPoolGroup(kv)) as ctl:
                 hs = [hex_hash("opt", 0)]
                 ctl.backup(hs, [0])
@@ -302,7 +364,10 @@ def test_fuzz_options(memory, backend: str, tmp_path: Path, long_mode: bool, rec
 
 def test_fuzz_config_files_and_env(tmp_path: Path, long_mode: bool, record_property) -> None:
     files_t, env_t, raw_t = Tally("config_files"), Tally("environment"), Tally("raw_bytes")
-    field_names = st.one_of(st.sampled_from([*hc.StorageConfig.model_fields, "batch_pages", "io_timeout_s", "bogus"]), st.text(max_size=6))
+    field_names = st.one_of(
+        st.sampled_from([*hc.StorageConfig.model_fields, "batch_pages", "io_timeout_s", "bogus"]),
+        st.text(max_size=6),
+    )
     counter = iter(range(10**9))
 
     def write(fmt: str, data: Any) -> Path:
@@ -314,12 +379,21 @@ def test_fuzz_config_files_and_env(tmp_path: Path, long_mode: bool, record_prope
 
             path.write_text(yaml.safe_dump(json.loads(json.dumps(data, default=str))))
         else:
-            lines = [f"{k} = {json.dumps(v, default=str)}" for k, v in data.items() if isinstance(k, str) and k.isidentifier()]
+            lines = [
+                f"{k} = {json.dumps(v, default=str)}"
+                for k, v in data.items()
+                if isinstance(k, str) and k.isidentifier()
+            ]
             path.write_text("\n".join(lines))
         return path
 
     crafted = st.sampled_from(
-        [{"batch_pages": 4, "controller": 5}, {"io_threads": 2, "controller": [1, 2]}, {"options": [1]}, {"hicache": 5}]
+        [
+            {"batch_pages": 4, "controller": 5},
+            {"io_threads": 2, "controller": [1, 2]},
+            {"options": [1]},
+            {"hicache": 5},
+        ]
     )
 
     @_examples(long_mode, 150)
@@ -335,7 +409,9 @@ def test_fuzz_config_files_and_env(tmp_path: Path, long_mode: bool, record_prope
     @given(
         env=st.dictionaries(
             st.builds(lambda s: "HICACHE_" + s.upper(), field_names),
-            st.one_of(st.text(max_size=12), st.sampled_from(["[1, 2]", "{}", "5", '"x"', "null", '{"root": 5}'])),
+            st.one_of(
+                st.text(max_size=12), st.sampled_from(["[1, 2]", "{}", "5", '"x"', "null", '{"root": 5}'])
+            ),
             max_size=3,
         )
     )
@@ -358,7 +434,9 @@ def test_fuzz_config_files_and_env(tmp_path: Path, long_mode: bool, record_prope
 
 # --------------------------------------------------- the known bugs, one by one
 def _xfail(bug: str, fix: str) -> Any:
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=f"{bug}: {fix} (see the reliability report)")
+    return pytest.mark.xfail(
+        strict=True, raises=AssertionError, reason=f"{bug}: {fix} (see the reliability report)"
+    )
 
 
 def _typed(fn: Any) -> None:
@@ -376,7 +454,9 @@ def test_unknown_op_is_typed(memory) -> None:
         _typed(lambda: store.batch_io_v1("delete", ["k"], [torch.zeros(1, dtype=torch.uint8)]))
 
 
-@_xfail("K2-pool-name", "Store.page_keys/register_pool and CacheController._plans must type unknown pool names")
+@_xfail(
+    "K2-pool-name", "Store.page_keys/register_pool and CacheController._plans must type unknown pool names"
+)
 def test_unknown_pool_name_is_typed(memory) -> None:
     with hc.open_store(hc.StorageConfig(backend="memory")) as store:
         _typed(lambda: store.page_keys("bogus", [hex_hash("p", 0)]))
@@ -396,7 +476,9 @@ def test_non_integer_host_indices_are_typed(memory) -> None:
         _typed(lambda: ctl.backup([hex_hash("i", 0)], [None]))
 
 
-@_xfail("K5-config-controller", "StorageConfig._lift_flat_controller_fields must reject a non-mapping controller")
+@_xfail(
+    "K5-config-controller", "StorageConfig._lift_flat_controller_fields must reject a non-mapping controller"
+)
 def test_non_mapping_controller_is_typed(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"batch_pages": 4, "controller": 5}))
@@ -410,7 +492,9 @@ def test_non_object_env_options_are_typed(tmp_path: Path) -> None:
     _typed(lambda: hc.load_config(path, environ={"HICACHE_OPTIONS": "[1, 2]"}))
 
 
-@_xfail("K7-store-unwrapped-backend-error", "Store.batch_io_v1/v2 must wrap backend exceptions in BackendIOError")
+@_xfail(
+    "K7-store-unwrapped-backend-error", "Store.batch_io_v1/v2 must wrap backend exceptions in BackendIOError"
+)
 def test_backend_exception_through_store_is_typed(memory) -> None:
     with hc.open_store(hc.StorageConfig(backend="memory")) as store:
         _typed(lambda: store.batch_io_v1("set", [["unhashable"]], [torch.zeros(1, dtype=torch.uint8)]))

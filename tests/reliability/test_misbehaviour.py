@@ -24,7 +24,7 @@ from tests.support.distinfo import installed_dist
 
 pytestmark = pytest.mark.timeout(120)
 
-ROGUE = '''
+ROGUE = """
 import threading
 from pydantic import BaseModel, ConfigDict
 from hicache_core import Capabilities, DraftIo, DraftIoMode, IoOp, hookimpl
@@ -107,7 +107,7 @@ class Rogue:
 
 class RogueV1(Rogue):
     capabilities = Capabilities(v1=True, v2=False, draft_io=DraftIoMode.UNSUPPORTED)
-'''
+"""
 
 MODES = ["raise", "keyerror", "none", "short", "long", "nonbool", "block"]
 TIMEOUT = 0.5
@@ -127,7 +127,9 @@ def rogue(tmp_path: Path) -> Iterator[object]:
 
 @pytest.mark.parametrize("backend", ["rogue", "rogue-v1"])
 @pytest.mark.parametrize("mode", MODES)
-def test_misbehaving_backend_is_reported_bounded_and_survived(rogue, backend: str, mode: str, record_property) -> None:
+def test_misbehaving_backend_is_reported_bounded_and_survived(
+    rogue, backend: str, mode: str, record_property
+) -> None:
     kv = MHAKVPool(16, 4, 1, 1, 8, allocate=False)
     cfg = hc.StorageConfig(
         backend=backend, options={"mode": mode}, extensions=["metrics"], io_timeout_s=TIMEOUT

@@ -231,3 +231,25 @@ def test_clear_is_namespace_scoped(make_adapter: Any) -> None:
     assert mine.clear() is True
     assert mine.batch_exists(keys) == 0
     assert theirs.batch_exists(keys) == 3
+
+
+def test_concurrent_backup_and_prefetch_threads(make_adapter: Any) -> None:
+    """SGLang calls the backend from its backup, prefetch and I/O threads at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = MHAHost(64, PAGE, layer_num=2, head_num=2, head_dim=8)
+    fill_random(pool, 12)
+    backend = make_adapter(pool)
+    groups = [(hashes(4, seed=50 + g), list(range(4 * g, 4 * g + 4))) for g in range(8)]
+    want = {g: snapshot(pool, src) for g, (_, src) in enumerate(groups)}
+
+    def roundtrip(g: int) -> bool:
+        keys, src = groups[g]
+        dst = [32 + p for p in src]
+        ok = all(backend.batch_set_v1(keys, token_indices(src)))
+        ok &= backend.batch_exists(keys) == 4
+        ok &= all(backend.batch_get_v1(keys, token_indices(dst)))
+        return ok and snapshot(pool, dst) == want[g]
+
+    with ThreadPoolExecutor(4) as ex:
+        assert all(ex.map(roundtrip, range(8)))

@@ -169,3 +169,29 @@ def test_invalid_mode_or_strategy_is_a_config_error() -> None:
         load_config(environ={"HICACHE_MAMBA_SCHEDULER_STRATEGY": "double_buffer"})
     with pytest.raises(ConfigError):
         load_config(environ={"HICACHE_DISAGGREGATION_MODE": "encode"})
+
+
+# ------------------------------------------------------------- the pool sizes itself (proposed API)
+def _for_node() -> object:
+    fn = getattr(MambaPool, "for_node", None)
+    if fn is None:
+        pytest.skip(
+            "MambaPool.for_node (decode-node self-sizing, proposed in the issue-5 report) is not in the core yet"
+        )
+    return fn
+
+
+def test_mamba_pool_sizes_itself_on_a_decode_node(caplog: pytest.LogCaptureFixture) -> None:
+    for_node = _for_node()
+    decode = StorageConfig(disaggregation_mode="decode")
+    kw = {"max_running_requests": 8, "pre_alloc_size": 2, "extra_buffer": True, "overlap_schedule": True}
+    with caplog.at_level(logging.WARNING, logger="hicache"):
+        pool = for_node(decode, 1, (4,), [(2,)], num_slots=10, **kw)  # type: ignore[operator]
+    assert pool.num_pages == 30 and len(caplog.records) == 1
+    caplog.clear()
+    big = for_node(decode, 1, (4,), [(2,)], num_slots=40, **kw)  # type: ignore[operator]
+    assert big.num_pages == 40 and not caplog.records
+    plain = for_node(StorageConfig(), 1, (4,), [(2,)], num_slots=10, **kw)  # type: ignore[operator]
+    assert plain.num_pages == 10  # prefill / non-PD nodes keep their size
+    with pytest.raises(PoolError):
+        for_node(StorageConfig(), 1, (4,), [(2,)], num_slots=None, **kw)  # type: ignore[operator]

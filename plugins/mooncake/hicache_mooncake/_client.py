@@ -107,22 +107,23 @@ class StoreLink:
         for the other put to finish and then reports whether the object exists.
         """
         conn, done = self.conn, threading.Event()
+        keyset = set(keys)
+        sel: list[int] | None = None
+        mine = keys
         with conn.inflight_lock:
-            busy = conn.inflight.keys() & set(keys)
-            sel: list[int] | None = None
-            mine = keys
+            others = [(ks, ev) for ks, ev in conn.inflight if not ks.isdisjoint(keyset)]
+            busy: set[str] = set().union(*(ks & keyset for ks, _ in others))
             if busy:
                 sel = [i for i, k in enumerate(keys) if k not in busy]
                 mine = [keys[i] for i in sel]
-            waits = {k: conn.inflight[k] for k in busy}
-            conn.inflight.update(dict.fromkeys(mine, done))
+                keyset -= busy
+            entry = (keyset, done)
+            conn.inflight.append(entry)
         try:
             flags = put(mine, sel)
         finally:
             with conn.inflight_lock:
-                for k in mine:
-                    if conn.inflight.get(k) is done:
-                        del conn.inflight[k]
+                conn.inflight[:] = [e for e in conn.inflight if e is not entry]
             done.set()
         if sel is None:
             return flags
@@ -130,7 +131,7 @@ class StoreLink:
         out = [False] * len(keys)
         for i, ok in zip(picked, flags):
             out[i] = ok
-        for ev in set(waits.values()):
+        for _, ev in others:
             ev.wait(timeout=INFLIGHT_WAIT_S)
         rest = [i for i, k in enumerate(keys) if k in busy]
         for i, ok in zip(rest, self.exists([keys[i] for i in rest])):

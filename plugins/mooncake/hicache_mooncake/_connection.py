@@ -225,8 +225,8 @@ class Connection:
         self._regions: list[Region] = []
         self._starts: list[int] = []
         self._lock = threading.Lock()
-        # keys this process is putting right now -> set when that put returns (see claim())
-        self.inflight: dict[str, threading.Event] = {}
+        # the key sets this process is putting right now, each with an event set when done
+        self.inflight: list[tuple[set[str], threading.Event]] = []
         self.inflight_lock = threading.Lock()
 
     # ------------------------------------------------------------------ setup
@@ -434,10 +434,13 @@ def release(conn: Connection) -> None:
         conn.close()
 
 
-def close_idle_connections() -> int:
-    """Close every shared connection no store uses any more; returns how many were closed."""
+def close_idle_connections(address: str | None = None) -> int:
+    """Close shared connections no store uses any more; returns how many were closed.
+
+    With ``address`` (``host:port`` of a master or mooncake_client) only connections to it.
+    """
     with _POOL_LOCK:
-        idle = [c for c in _POOL.values() if c.users == 0]
+        idle = [c for c in _POOL.values() if c.users == 0 and (address is None or address in (c.key or ()))]
         for c in idle:
             assert c.key is not None
             del _POOL[c.key]

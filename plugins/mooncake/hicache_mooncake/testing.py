@@ -11,9 +11,10 @@
   Use them with ``pytest_plugins = ["hicache_mooncake.testing"]`` in a ``conftest.py``.
 
 This module is import-light: it imports neither torch nor ``mooncake`` at module level.
-Every child process is started through a tiny launcher that asks the kernel to SIGKILL it
-when the starting thread dies (``PR_SET_PDEATHSIG``), so a crashed test run leaves nothing
-behind; orderly teardown still uses SIGTERM, then SIGKILL after a bound.
+Every child process started from the main thread goes through a tiny launcher that asks the
+kernel to SIGKILL it when the starting thread dies (``PR_SET_PDEATHSIG``), so a crashed test run
+leaves nothing behind; orderly teardown uses SIGTERM, then SIGKILL after a bound, and an
+``atexit`` hook stops whatever is still running.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ __all__ = [
 
 HOST = "127.0.0.1"
 
-# Launcher: set the parent-death signal, then exec the real binary (the PID is kept).
+# Launcher: optionally set the parent-death signal, then exec the real binary (the PID is kept).
 _LAUNCHER = (
     "import ctypes, os, signal, sys\n"
-    "try:\n"
-    "    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
-    "except Exception:\n"
-    "    pass\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
+    "if sys.argv[1] == 'pdeathsig':\n"
+    "    try:\n"
+    "        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)\n"
+    "    except Exception:\n"
+    "        pass\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
 
 
@@ -126,7 +128,7 @@ def _segment_names(text: str) -> set[str]:
     return {line.strip() for line in text.splitlines() if line.strip()}
 
 
-def _close_idle_connections() -> None:
+def _close_idle_connections(address: str) -> None:
     """Close the plugin's idle shared Mooncake connections before their cluster goes away.
 
     Closing a connection whose master is gone takes ~6 s; doing it while the process still
@@ -135,7 +137,7 @@ def _close_idle_connections() -> None:
     mod = sys.modules.get("hicache_mooncake._connection")
     if mod is not None:
         with contextlib.suppress(Exception):
-            mod.close_idle_connections()
+            mod.close_idle_connections(address)
 
 
 _LIVE: weakref.WeakSet[_Proc] = weakref.WeakSet()
@@ -172,6 +174,10 @@ class _Proc:
         raise NotImplementedError
 
     @property
+    def address(self) -> str:
+        raise NotImplementedError
+
+    @property
     def pid(self) -> int | None:
         return self._popen.pid if self._popen is not None else None
 
@@ -191,8 +197,10 @@ class _Proc:
             try:
                 log.write(f"\n===== start {time.strftime('%H:%M:%S')}: {' '.join(argv)}\n".encode())
                 log.flush()
+                # PR_SET_PDEATHSIG fires when the starting THREAD exits: only use it from the main thread
+                mode = "pdeathsig" if threading.current_thread() is threading.main_thread() else "plain"
                 self._popen = subprocess.Popen(
-                    [sys.executable, "-I", "-c", _LAUNCHER, *argv],
+                    [sys.executable, "-I", "-c", _LAUNCHER, mode, *argv],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -249,7 +257,7 @@ class _Proc:
             _LIVE.discard(self)
 
     def close(self) -> None:
-        _close_idle_connections()
+        _close_idle_connections(self.address)
         self.stop()
         if self._own_dir and os.environ.get("HICACHE_KEEP_MOONCAKE_LOGS") != "1":
             shutil.rmtree(self.log_dir, ignore_errors=True)
