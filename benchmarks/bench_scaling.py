@@ -8,7 +8,8 @@ installed, on a master this benchmark starts on loopback) and each (batch size B
 * the pages (MHA ``page_first``, 64 KiB per page, two 32 KiB components) are split into requests
   of B pages, submitted with ``backup_async`` (fresh keys), then ``prefetch_async``, so up to T
   batches are in flight;
-* GB/s of each phase, and of both together (bytes moved twice / total time).
+* GB/s of each phase, and of both together (bytes moved twice / total time); the full run
+  measures each point twice and keeps the best of each figure (the machine is shared).
 
 All file configurations share one root (a warm, long-running store: each uses its own model
 namespace). The headline ``scaling_default_vs_best`` is, per backend, the combined throughput at
@@ -116,6 +117,16 @@ def measure(backend: str, options: dict[str, Any], pages: int, batch: int, threa
     }
 
 
+def best_of(reps: int, *args: Any) -> dict[str, Any]:
+    """:func:`measure` ``reps`` times (fresh keys each); the best of each figure."""
+    runs = [measure(*args) for _ in range(reps)]
+    best = dict(runs[0])
+    for key in ("backup_gbps", "prefetch_gbps", "combined_gbps"):
+        best[key] = max(r[key] for r in runs)
+    best["reps"] = reps
+    return best
+
+
 @contextlib.contextmanager
 def _file_options() -> Iterator[dict[str, Any]]:
     root = tempfile.mkdtemp(prefix="hicache-scaling-")
@@ -158,11 +169,12 @@ def available_backends() -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     """Return ``{"scaling_default_vs_best": {...}}`` with every point of the sweep."""
     pages, batches, threads = _grid(quick)
+    reps = 1 if quick or SMOKE else 2
     points: list[dict[str, Any]] = []
     headline: dict[str, float] = {}
     for backend, options_cm in available_backends().items():
         with options_cm() as options:
-            mine = [measure(backend, options, pages, b, t) for b in batches for t in threads]
+            mine = [best_of(reps, backend, options, pages, b, t) for b in batches for t in threads]
         points += mine
         best = max(p["combined_gbps"] for p in mine)
         default = next(

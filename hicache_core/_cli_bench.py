@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=2,
         metavar="R",
         help="timed rounds, each hicache phase interleaved with its raw baseline; the best of each "
-        "is reported (default 2)",
+        "is reported. Each round backs up fresh keys, so the store holds R x the bytes (default 2)",
     )
     parser.add_argument("--seed", type=int, default=None, help="seed of the random pages and tokens")
     parser.add_argument("--json", action="store_true", help="print one JSON object (no progress bar)")

@@ -10,6 +10,7 @@ pytest and rich are imported only when the command runs.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 from collections.abc import Mapping
@@ -120,7 +121,7 @@ def summarize(outcomes: Mapping[str, tuple[str, str]]) -> dict[str, GroupSummary
 
 
 def _pytest_args(
-    name: str, raw_options: str | None, workdir: Path, extra: list[str], quiet: bool
+    name: str, options: dict[str, Any] | None, workdir: Path, extra: list[str], quiet: bool
 ) -> list[str]:
     import hicache_core.testing as testing
 
@@ -148,8 +149,8 @@ def _pytest_args(
     ]
     if quiet:
         args += ["--no-summary", "-qq", "--tb=no"]
-    if raw_options is not None:
-        args += ["--hicache-options", raw_options]
+    if options:
+        args += ["--hicache-options", json.dumps(options)]
     if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
         args += ["-p", "hicache_core.testing._plugin"]
     return args + extra
@@ -182,9 +183,7 @@ def run(args: argparse.Namespace) -> int:
     collector = _Collector()
     extra = list(getattr(args, "passthrough", []) or [])
     with tempfile.TemporaryDirectory(prefix="hicache-check-") as tmp:
-        code = pytest.main(
-            _pytest_args(name, args.options, Path(tmp), extra, args.quiet), plugins=[collector]
-        )
+        code = pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
     summary = summarize(collector.outcomes)
     _print(name, summary, collector.collect_errors)
     failed = sum(g.failed for g in summary.values()) + len(collector.collect_errors)

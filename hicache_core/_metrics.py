@@ -15,8 +15,9 @@ result. Per store it records:
 
 Counting is per call, never per page in Python: v2 uses ``len()`` of each transfer and the
 pool's page size; v1 finds the pool blocks of the controller's key layout by bisection on the
-key prefix (``key[:-len(page_hash)]``, learned from ``hicache_page_keys``) and counts results
-with list slices (keys in any other order are counted one by one, exactly). Bytes are those the
+key prefix (``key[:-len(page_hash)]``, parsed once as the core's ``{namespace}.{pool}.{component}
+.{ranks}.`` layout) and counts results with list slices; keys in any other order are counted one
+by one, and keys of another scheme are counted under pool ``unknown`` with their buffer sizes. Bytes are those the
 backend reported moved (a ``set`` skipped because the page already existed counts as written).
 A call abandoned by the controller's ``io_timeout_s`` is recorded when it finally returns.
 
@@ -86,7 +87,10 @@ UNKNOWN_POOL = "unknown"
 _EXISTS, _GET, _SET = IoOp.EXISTS, IoOp.GET, IoOp.SET
 _DIRECTION = {IoOp.GET: "read", IoOp.SET: "write"}
 _store_ids = itertools.count()
-_BOOL = frozenset({bool})
+
+
+def _bools(flags: list[Any]) -> bool:
+    return type(flags[0]) is bool and type(flags[-1]) is bool
 
 
 def _prometheus() -> Any:
@@ -150,7 +154,7 @@ class MetricsExtension:
         self._lock = threading.Lock()
         self._pools: dict[str, _PoolInfo] = {}
         self._prefixes: dict[str, tuple[str, int, int]] = {}  # key prefix -> (pool, component, nbytes)
-        self._learned: set[PoolName] = set()
+        self._unknown: set[str] = set()  # prefixes of keys in another scheme
         self._pages: Counter[tuple[str, str]] = Counter()  # (pool, read|write)
         self._bytes: Counter[tuple[str, str]] = Counter()
         self._failed: Counter[tuple[str, str]] = Counter()  # (pool, get|set)
@@ -194,17 +198,10 @@ class MetricsExtension:
             with self._lock:
                 if self._pools.get(name.value) != info:
                     self._prefixes = {p: v for p, v in self._prefixes.items() if v[0] != name.value}
-                    self._learned.discard(name)
+                    self._unknown.clear()
                 self._pools[name.value] = info
         except Exception:  # pragma: no cover - never let metrics break a store
             self._internal_error("register_pool")
-        return result
-
-    @hookimpl(wrapper=True)
-    def hicache_page_keys(self, pool_name: PoolName, page_hashes: Sequence[str]) -> Generator[None, Any, Any]:
-        result = yield
-        if pool_name not in self._learned and result and page_hashes:
-            self._learn(pool_name, page_hashes[0], result[0])
         return result
 
     @hookimpl(wrapper=True)
@@ -247,22 +244,21 @@ class MetricsExtension:
         return result
 
     # ----------------------------------------------------------- accounting
-    def _learn(self, pool_name: PoolName, page_hash: str, keys: Sequence[str]) -> None:
-        try:
-            name = PoolName(pool_name)
-            info = self._pools.get(name.value)
-            if info is None or len(keys) != len(info.component_nbytes):
-                return
-            learned = {
-                k[: len(k) - len(page_hash)]: (name.value, j, info.component_nbytes[j])
-                for j, k in enumerate(keys)
-                if isinstance(k, str) and k.endswith(page_hash)
-            }
-            with self._lock:
-                self._prefixes.update(learned)
-                self._learned.add(name)
-        except Exception:  # pragma: no cover - hostile input reaching the key hook
-            self._internal_error("page_keys")
+    def _prefix(self, prefix: str) -> tuple[str, int, int] | None:
+        """``(pool, component index, bytes)`` of a key prefix ``{ns}.{pool}.{component}.{ranks}.``."""
+        info = self._prefixes.get(prefix)
+        if info is not None or prefix in self._unknown:
+            return info
+        parts = prefix.split(".")
+        pool = self._pools.get(parts[1]) if len(parts) == 5 and not parts[4] else None
+        if pool is not None and parts[2] in pool.components:
+            j = pool.components.index(parts[2])
+            info = self._prefixes[prefix] = (parts[1], j, pool.component_nbytes[j])
+        else:
+            if len(self._unknown) > 4096:
+                self._unknown.clear()
+            self._unknown.add(prefix)
+        return info
 
     def _failure(self, op: Any, path: str, err: BaseException, elapsed: float) -> None:
         opname = str(getattr(op, "value", op))
@@ -279,7 +275,8 @@ class MetricsExtension:
     def _contract_ok(
         self, op: IoOp, path: str, result: Any, n: int, elapsed: float, flags: bool = True
     ) -> bool:
-        if type(result) is list and len(result) == n and (not flags or frozenset(map(type, result)) <= _BOOL):
+        # O(1) type probe: a list of ints only partly bool is rejected by the store's own check
+        if type(result) is list and len(result) == n and (not flags or not n or _bools(result)):
             return True
         with self._lock:
             self._errors[op.value, "BackendContractError"] += 1
@@ -297,20 +294,23 @@ class MetricsExtension:
         cut = len(k0) - k0.rfind(".") - 1
         if cut <= 0:
             return None
-        prefixes, pools, n = self._prefixes, self._pools, len(keys)
+        lookup, pools, n = self._prefix, self._pools, len(keys)
         blocks: list[tuple[str, int, int, tuple[int, ...]]] = []
         start = 0
         while start < n and len(blocks) < 8:
-            head = prefixes.get(keys[start][:-cut])
+            head = lookup(keys[start][:-cut])
             if head is None or head[1] != 0:
                 return None
             pool = head[0]
             sizes = pools[pool].component_nbytes
             c = len(sizes)
             lo, hi = start + 1, n  # first index whose key is not in this pool
+            last = lookup(keys[-1][:-cut])
+            if last is not None and last[0] == pool:
+                lo = hi = n  # the common case: one pool up to the end
             while lo < hi:
                 mid = (lo + hi) // 2
-                info = prefixes.get(keys[mid][:-cut])
+                info = lookup(keys[mid][:-cut])
                 if info is not None and info[0] == pool:
                     lo = mid + 1
                 else:
@@ -318,7 +318,7 @@ class MetricsExtension:
             if (lo - start) % c:
                 return None
             for j in range(c):  # spot checks: first and last page carry every component in order
-                first, last = prefixes.get(keys[start + j][:-cut]), prefixes.get(keys[lo - c + j][:-cut])
+                first, last = lookup(keys[start + j][:-cut]), lookup(keys[lo - c + j][:-cut])
                 if first is None or last is None or first[:2] != (pool, j) or last[:2] != (pool, j):
                     return None
             blocks.append((pool, start, lo, sizes))
@@ -330,9 +330,8 @@ class MetricsExtension:
     ) -> list[tuple[str, int, int, int]]:
         """Exact per-key count for any key order or scheme: ``(pool, pages, ok pages, ok bytes)``."""
         tally: dict[str, dict[int, list[int]]] = {}
-        prefixes = self._prefixes
         for i, key in enumerate(keys):
-            info = prefixes.get(key[: key.rfind(".") + 1]) if isinstance(key, str) else None
+            info = self._prefix(key[: key.rfind(".") + 1]) if isinstance(key, str) else None
             if info is None:
                 info = (UNKNOWN_POOL, 0, int(buffers[i].numel()) if buffers is not None else 0)
             slot = tally.setdefault(info[0], {}).setdefault(info[1], [0, 0, 0])
@@ -392,7 +391,7 @@ class MetricsExtension:
         rows = []
         for t, flags in zip(transfers, result):
             n = len(t)
-            if not (type(flags) is list and len(flags) == n and frozenset(map(type, flags)) <= _BOOL):
+            if not (type(flags) is list and len(flags) == n and (not n or _bools(flags))):
                 self._contract_ok(op, "v2", None, n, elapsed)
                 return
             info = self._pools.get(t.pool.value)

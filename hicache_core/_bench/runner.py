@@ -3,11 +3,14 @@
 1. Build the profile's pools *planned*, so the controller takes their memory from the store, and
    attach them (draft offload follows the backend's declared capability).
 2. Fill every pool with seeded random bytes; hash random token sequences into page-hash chains.
-3. Back every request up through the controller (async, ``io_threads`` in flight), timed.
-4. Measure the raw baseline on the same bytes: file I/O on the backend's filesystem when the
-   backend has a ``root`` option, else memcpy.
+3. For each of ``rounds`` rounds: write the raw baseline (file I/O on the backend's filesystem
+   when the backend has a ``root`` option, else memcpy), then back every request up through the
+   controller (async, ``io_threads`` in flight) under fresh keys. Interleaving the two and
+   keeping the best of each makes the ratio robust to a noisy, shared machine.
+4. Without a ``root`` option (memcpy baseline), time the baseline's reads here too.
 5. Verify in a FRESH process (``python -m hicache_core._bench.verify``): reopen, query,
-   prefetch into zeroed pools, compare every byte with the seeded stream. Persistent backends
+   prefetch into zeroed pools ``rounds`` times, each after a timed raw read of the baseline files
+   into the same views, and compare every byte with the seeded stream. Persistent backends
    are closed first; shared (not persistent) ones stay open meanwhile; backends that are
    neither are verified in-process through a second controller on the same store.
 """
@@ -114,16 +117,18 @@ def _child_verify(spec: VerifySpec) -> dict[str, Any]:
     return result
 
 
-def _backup_problems(reqs_pages: list[int], results: list[Any], draft: bool) -> list[str]:
+def _backup_problems(round_: int, reqs_pages: list[int], results: list[Any], draft: bool) -> list[str]:
     problems: list[str] = []
     for i, (pages, res) in enumerate(zip(reqs_pages, results)):
         assert isinstance(res, TransferResult)
+        where = f"round {round_}, request {i}"
         if res.pages != pages or not res.ok:
-            problems.append(f"request {i}: backup stored {res.pages} of {pages} pages")
+            per_pool = ", ".join(f"{p.value} {sum(f)}/{len(f)}" for p, f in res.per_pool.items())
+            problems.append(f"{where}: backup stored {res.pages} of {pages} pages ({per_pool})")
         if res.skipped:
-            problems.append(f"request {i}: {res.skipped} pages already existed (not written)")
+            problems.append(f"{where}: {res.skipped} pages already existed (not written)")
         if draft and not all(res.draft or [False]):
-            problems.append(f"request {i}: draft pages were not all stored")
+            problems.append(f"{where}: draft pages were not all stored")
         problems.extend(res.errors)
     return problems
 
@@ -173,7 +178,7 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
                 write_runs.append(base.write())
                 seconds, backed = run_phase(ctl, "backup", profile, reqs, hashes, bar)
                 backup_runs.append(seconds)
-                problems += _backup_problems([r.pages for r in reqs], backed, ctl.draft_enabled)
+                problems += _backup_problems(k, [r.pages for r in reqs], backed, ctl.draft_enabled)
         read_runs = [base.read() for _ in range(req.rounds)] if isinstance(base, Memcpy) else []
         backup_metrics = extension_snapshot(ctl.store, "metrics") if metrics_installed else None
         spec = VerifySpec(

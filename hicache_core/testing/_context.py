@@ -8,9 +8,10 @@ would: ``open_store``, ``Store.page_keys`` / ``batch_io_v1`` / ``batch_io_v2`` a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -129,6 +130,21 @@ class SuiteContext:
             self._stores.append(ctl.store)
         return ctl
 
+    def release(self, ctl: CacheController) -> None:
+        """Clear (on shared storage) and close a controller now, and stop tracking it."""
+        namespace = ctl.store.keys.scheme.namespace
+        cleared = callable(getattr(self.cls, "hicache_clear", None)) and not self.isolated
+        if cleared and not ctl.store.closed:
+            ctl.clear()
+        ctl.close()
+        if ctl in self._controllers:
+            self._controllers.remove(ctl)
+        self._stores = [
+            s
+            for s in self._stores
+            if not (s.closed and (s is ctl.store or (cleared and s.keys.scheme.namespace == namespace)))
+        ]
+
     def kv_store(self, kind: str, num_pages: int, **overrides: Any) -> tuple[Store, HostPool]:
         """Open a store and register a fresh KV pool (``kind`` is ``"mha"`` or ``"mla"``)."""
         layout = overrides.get("layout", "page_first")
@@ -138,29 +154,35 @@ class SuiteContext:
         return store, pool
 
     def close(self) -> None:
-        """Close every controller and store this test opened (clearing shared namespaces)."""
+        """Close every controller and store this test opened; clear its namespaces on shared storage.
+
+        Namespaces are cleared (when the backend implements ``hicache_clear`` and the storage is
+        not a per-test temporary one) before anything is closed, through a still-open store of
+        that namespace or, when the test closed them all, through a store opened for the purpose.
+        """
         errors: list[str] = []
+
+        def attempt(what: str, fn: Callable[[], object]) -> None:
+            try:
+                fn()
+            except Exception as err:  # teardown must do everything it can
+                errors.append(f"{what}: {type(err).__name__}: {err}")
+
+        if callable(getattr(self.cls, "hicache_clear", None)) and not self.isolated:
+            pending: dict[str, Store | StorageConfig] = {}
+            for store in self._stores:
+                ns = store.keys.scheme.namespace
+                if not store.closed or ns not in pending:
+                    pending[ns] = store if not store.closed else store.config
+            for target in pending.values():
+                if isinstance(target, Store):
+                    attempt("Store.clear", target.clear)
+                else:
+                    attempt("Store.clear", functools.partial(_clear_closed, target))
         for ctl in reversed(self._controllers):
-            try:
-                ctl.close()
-            except Exception as err:  # teardown must close everything it can
-                errors.append(f"CacheController.close: {type(err).__name__}: {err}")
-        cleared: set[str] = set()
-        has_clear = callable(getattr(self.cls, "hicache_clear", None))
+            attempt("CacheController.close", ctl.close)
         for store in reversed(self._stores):
-            if store.closed:
-                continue
-            namespace = store.keys.scheme.namespace
-            if has_clear and not self.isolated and namespace not in cleared:
-                cleared.add(namespace)
-                try:
-                    store.clear()
-                except Exception as err:
-                    errors.append(f"Store.clear: {type(err).__name__}: {err}")
-            try:
-                store.close()
-            except Exception as err:
-                errors.append(f"Store.close: {type(err).__name__}: {err}")
+            attempt("Store.close", store.close)
         self._controllers.clear()
         self._stores.clear()
         if errors:
@@ -276,6 +298,11 @@ class SuiteContext:
         """Sentinel-fill host pages and ``get`` them; returns the per-page flags."""
         self.sentinel(pool, indices)
         return self.raw(store, IoOp.GET, pool_name, pool, hashes, indices, path)
+
+
+def _clear_closed(config: StorageConfig) -> None:
+    with open_store(config) as store:
+        store.clear()
 
 
 def expect_flags(got: Sequence[bool], expected: Sequence[bool], what: str) -> None:

@@ -109,7 +109,7 @@ class StatefulTests(SuiteBase):
                 self.ctl = self._open()
 
             def teardown(self) -> None:
-                self.ctl.close()
+                hc.release(self.ctl)
 
         run_state_machine_as_test(
             Machine,

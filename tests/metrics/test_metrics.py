@@ -225,3 +225,26 @@ def test_trace_logs_every_hook_call(memory_backends, monkeypatch, caplog) -> Non
         assert m.rstrip().endswith("us")
     assert any(m.startswith("hicache_register_pool") for m in records)
     assert any(m.startswith("hicache_page_keys") and "batch=5" in m for m in records)
+
+
+def test_v1_accounting_any_key_order_and_foreign_keys(memory_backends) -> None:
+    """Keys outside the controller's layout are counted exactly (per key), foreign ones as 'unknown'."""
+    kv = MHAKVPool(4, 4, 1, 1, 8)  # 64 bytes per component
+    idx = IndexerPool(4, 4, 1, 4)  # 16 bytes per page
+    with hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"])) as store:
+        ext = metrics_of(store)
+        store.register_pool(PoolName.KV, kv)
+        store.register_pool(PoolName.INDEXER, idx)
+        hs = hc.page_hashes(list(range(12)), 4)
+        kv_keys = store.page_keys(PoolName.KV, hs)
+        ix_keys = store.page_keys(PoolName.INDEXER, hs)
+        views = kv.page_views(range(3))
+        keys = [kv_keys[2][1], ix_keys[0][0], kv_keys[0][0], kv_keys[2][0], ix_keys[1][0], kv_keys[0][1]]
+        bufs = [views[2][1], idx.page_views([0])[0][0], views[0][0], views[2][0], idx.page_views([1])[0][0], views[0][1]]
+        keys.append("foreign-scheme-key")
+        bufs.append(torch.zeros(10, dtype=torch.uint8))
+        store.batch_io_v1("set", keys, bufs)
+        pools = ext.snapshot()["pools"]
+    assert pools["kv"]["pages_written"] == 2 and pools["kv"]["bytes_written"] == 4 * 64
+    assert pools["indexer"]["pages_written"] == 2 and pools["indexer"]["bytes_written"] == 2 * 16
+    assert pools["unknown"]["bytes_written"] == 10

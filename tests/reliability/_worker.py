@@ -16,10 +16,13 @@ instead of an interpreter start:
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import itertools
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -134,6 +137,8 @@ def zygote() -> None:
             if pid == 0:  # the fresh process
                 code = 0
                 try:
+                    with contextlib.suppress(Exception):  # die with the zygote (PR_SET_PDEATHSIG)
+                        ctypes.CDLL(None).prctl(1, int(signal.SIGKILL), 0, 0, 0)
                     os.dup2(2, 1)  # keep the protocol channel clean
                     if op == "writer":
                         writer(**cmd)

@@ -9,6 +9,7 @@ crash loses nothing that was acknowledged: the kernel keeps written data).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -95,6 +96,7 @@ def test_sigkill_never_exposes_torn_pages(
     totals = {"kills": 0, "batches_started": 0, "batches_done": 0, "pages_checked": 0, "pages_present": 0}
     totals.update({"bytes_verified": 0, "torn": 0, "unreadable": 0, "lost": 0, "partial_pages": 0})
     old: list[str] = []
+    pid = 0
     t0 = time.monotonic()
     try:
         for round_ in range(kills):
@@ -111,6 +113,7 @@ def test_sigkill_never_exposes_torn_pages(
             time.sleep(rng.uniform(0.01, 0.25))
             os.kill(pid, signal.SIGKILL)
             status = zygote.call(op="reap", pid=pid)["status"]
+            pid = 0
             assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (
                 f"writer ended early: {status}"
             )
@@ -138,6 +141,9 @@ def test_sigkill_never_exposes_torn_pages(
                 totals[k] += r[k]
             old.extend(must)
     finally:
+        if pid:  # a failure between spawn and kill: never leave a writer running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         zygote.close()
     totals["temp_files_left"] = len(temp_files(root))
     totals["seconds"] = round(time.monotonic() - t0, 1)

@@ -12,7 +12,7 @@ options. Summary of the guarantees:
   magic, format, key, length and the xxh3_64 checksum. A corrupt, truncated or misplaced file
   is a miss (``False``), counted in :attr:`FileBackend.stats` ``.integrity_errors``, logged,
   and deleted so the next backup rewrites it. A valid page of another size is a plain miss.
-* ``exists`` is one ``access(2)`` per key: no directory scan, ever.
+* ``exists`` is one ``access(2)`` per key on a computed path: no directory scan, ever.
 """
 
 from __future__ import annotations
@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import operator
 import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import partial
+from itertools import chain, repeat
 from typing import Any
 
 from hicache_core import (
@@ -136,6 +138,7 @@ class FileBackend:
         self._executor_lock = threading.Lock()
         self._closed = False
         self.index: LruIndex | None = None
+        self.scan_seconds = 0.0  # the open-time scan (only with max_bytes)
         if options.max_bytes is not None:
             self.index = LruIndex(options.max_bytes)
             scan = scan_root(self.root, options.temp_max_age_s)
@@ -231,13 +234,13 @@ class FileBackend:
                     f"PoolTransfer({t.pool.value}) has {len(t.keys)} key tuples for {n} pages; "
                     "resolve keys with store.page_keys() (the controller does this)"
                 )
-            for ks in t.keys:
-                if len(ks) != pio.ncomp:
-                    raise BatchShapeError(
-                        f"PoolTransfer({t.pool.value}): a page has {len(ks)} keys but the pool has "
-                        f"{pio.ncomp} components {list(pio.pool.components)}"
-                    )
-                keys.extend(ks)
+            widths = set(map(len, t.keys))
+            if widths != {pio.ncomp}:
+                raise BatchShapeError(
+                    f"PoolTransfer({t.pool.value}): pages have {sorted(widths)} keys but the pool has "
+                    f"{pio.ncomp} components {list(pio.pool.components)}"
+                )
+            keys.extend(chain.from_iterable(t.keys))
             if op is not IoOp.EXISTS:
                 views, post = pio.iovs(t.host_indices, op is IoOp.GET)
                 iovs.extend(views)
@@ -248,10 +251,13 @@ class FileBackend:
         out: list[list[bool]] = []
         off = 0
         for n, c in shape:
+            part = flat[off : off + n * c]
             if c == 1:
-                out.append(flat[off : off + n])
+                out.append(part)
+            elif c == 2:
+                out.append(list(map(operator.and_, part[0::2], part[1::2])))
             else:
-                out.append([all(flat[off + i * c : off + i * c + c]) for i in range(n)])
+                out.append([all(part[i : i + c]) for i in range(0, n * c, c)])
             off += n * c
         return out
 
@@ -259,28 +265,40 @@ class FileBackend:
     def hicache_clear(self, namespace: str) -> int:
         """Delete every page whose key starts with ``namespace + "."``; return how many.
 
-        Only that namespace's directory is walked; other namespaces are untouched. Temp files
-        in it are removed too (not counted). Raises :class:`KeyFormatError` for a namespace
-        that is not a safe key prefix.
+        Only that namespace's directory is walked; other namespaces are untouched. Clearing a
+        whole namespace also removes its temp files (not counted; a writer racing with the
+        clear may then fail that key). Files that cannot be removed are logged, not raised.
+        Raises :class:`KeyFormatError` for a namespace that is not a safe key prefix.
         """
         check_key(namespace)
         first, dot, _ = namespace.partition(".")
         prefix = namespace + "."
         whole = not dot
         nsdir = self._prefix + first
-        removed = temps = 0
+        removed = temps = failed = 0
+        first_error = ""
         for shard in _listdirs(nsdir):
-            with contextlib.suppress(OSError), os.scandir(shard) as it:
-                for e in it:
-                    temp = e.name.startswith(fmt.TEMP_PREFIX)
-                    if not (temp and whole) and not e.name.startswith(prefix):
-                        continue
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(e.path)
-                        if temp:
-                            temps += 1
-                        else:
-                            removed += 1
+            try:
+                with os.scandir(shard) as it:
+                    names = [(e.name, e.path) for e in it]
+            except OSError:
+                continue  # removed meanwhile
+            for name, path in names:
+                temp = name.startswith(fmt.TEMP_PREFIX)
+                if not (temp and whole) and not name.startswith(prefix):
+                    continue
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                except OSError as err:
+                    failed += 1
+                    first_error = first_error or f"{path}: {err.strerror or err}"
+                    continue
+                if temp:
+                    temps += 1
+                else:
+                    removed += 1
             with contextlib.suppress(OSError):
                 os.rmdir(shard)  # only if empty: a concurrent writer's files keep it
         if whole:
@@ -292,6 +310,8 @@ class FileBackend:
             self._stats.cleared += removed
             self._stats.temp_files_removed += temps
         log.info("hicache.file: cleared namespace %r under %s: %d pages", namespace, self.root, removed)
+        if failed:
+            log.warning("hicache.file: clear could not remove %d files; first: %s", failed, first_error)
         return removed
 
     @hookimpl
@@ -314,28 +334,27 @@ class FileBackend:
         it reaches ``_PATH_CACHE_MAX`` entries, a few MB).
         """
         cache = self._path_cache
-        get = cache.get
-        root = self._prefix
-        out = []
         try:
+            out: list[str | None] = list(map(cache.get, keys))
+        except TypeError:  # an unhashable key: not a str
             for k in keys:
-                p = get(k)
+                check_key(k)
+            raise
+        if None in out:
+            root = self._prefix
+            if len(cache) + len(out) > _PATH_CACHE_MAX:
+                cache.clear()
+            for i, p in enumerate(out):
                 if p is None:
+                    k = keys[i]
                     check_key(k)
                     dot = k.find(".")
                     if dot > 0 and len(k) >= 3:  # %-formatting measured ~40% faster than an f-string
                         p = "%s%s/%s/%s" % (root, k[:dot], k[-3:], k)  # noqa: UP031
                     else:
                         p = root + fmt.relpath(k)
-                    if len(cache) >= _PATH_CACHE_MAX:
-                        cache.clear()
-                    cache[k] = p
-                out.append(p)
-        except TypeError:  # an unhashable key: not a str
-            for k in keys:
-                check_key(k)
-            raise
-        return out
+                    out[i] = cache[k] = p
+        return out  # type: ignore[return-value]
 
     def _pool(self) -> ThreadPoolExecutor | None:
         if self._closed:
@@ -361,8 +380,7 @@ class FileBackend:
         paths = self._paths(keys)
         n = len(paths)
         if op is IoOp.EXISTS:
-            access, f_ok = os.access, os.F_OK
-            found = [access(p, f_ok) for p in paths]
+            found = list(map(os.access, paths, repeat(os.F_OK)))
             self._absent.keys = {k for k, f in zip(keys, found) if not f}
             with self._stats_lock:
                 self._stats.exists_checks += n
@@ -432,10 +450,15 @@ class FileBackend:
             return
         gone = nbytes = 0
         for key, size in victims:
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(self._prefix + fmt.relpath(key))
-                gone += 1
-                nbytes += size
+            except FileNotFoundError:
+                continue  # evicted or cleared by another process already
+            except OSError as err:  # the budget is best effort; never fail the batch for it
+                log.warning("hicache.file: cannot evict %s: %s", key, err.strerror or err)
+                continue
+            gone += 1
+            nbytes += size
         with self._stats_lock:
             self._stats.evictions += gone
             self._stats.evicted_bytes += nbytes
@@ -455,12 +478,18 @@ class FileBackend:
         tally = _Tally()
         out: list[bool] = []
         hits = misses = nbytes = 0
-        checksum, prefix = fmt.checksum, fmt.expected_prefix
+        checksum, xxh3 = fmt.checksum, fmt.xxh3_64
+        prefixes: dict[tuple[int, int], bytes] = {}
+        spare = bytearray(1)  # a byte read into it means trailing garbage
         track = self.index is not None
         for j in range(lo, hi):
             key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
             kb = key.encode("ascii")
-            hsize = _FH + len(kb)
+            klen = len(kb)
+            hsize = _FH + klen
+            prefix = prefixes.get((klen, size))
+            if prefix is None:
+                prefix = prefixes[klen, size] = fmt.expected_prefix(klen, size)
             try:
                 fd = os.open(path, _RFLAGS)
             except FileNotFoundError:
@@ -475,12 +504,13 @@ class FileBackend:
             ident = None
             try:
                 hdr = bytearray(hsize)
-                nread = os.readv(fd, [hdr, *iov, bytearray(1)])
+                nread = os.readv(fd, [hdr, *iov, spare])
                 if (
                     nread == hsize + size
-                    and hdr[:16] == prefix(len(kb), size)
+                    and hdr[:16] == prefix
                     and hdr[_FH:] == kb
-                    and int.from_bytes(hdr[16:24], "little") == checksum(iov)
+                    and int.from_bytes(hdr[16:24], "little")
+                    == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
                 ):
                     reason = None
                 else:
@@ -543,7 +573,7 @@ class FileBackend:
         tally = _Tally()
         out: list[bool] = []
         writes = skipped = nbytes = 0
-        checksum, header = fmt.checksum, fmt.encode_header
+        checksum, header, xxh3 = fmt.checksum, fmt.encode_header, fmt.xxh3_64
         access, f_ok = os.access, os.F_OK
         publish = self._publisher.publish
         track = self.index is not None
@@ -568,7 +598,8 @@ class FileBackend:
                 continue
             d = path[: len(path) - len(key)]
             try:
-                fresh = publish(d, path, [header(kb, size, checksum(iov)), *iov], disk)
+                digest = xxh3(iov[0]) if len(iov) == 1 else checksum(iov)
+                fresh = publish(d, path, [header(kb, size, digest), *iov], disk)
             except OSError as err:
                 tally.error("write_errors", err, path)
                 out.append(False)

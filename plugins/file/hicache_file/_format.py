@@ -66,7 +66,7 @@ MARKER_NAME = ".hicache-file.json"
 
 _FIXED = struct.Struct("<4sBBHQQ")  # magic, version, algo, key length, payload length, checksum
 _PREFIX = struct.Struct("<4sBBHQ")  # the first 16 bytes (everything but the checksum)
-_xxh3 = xxhash.xxh3_64_intdigest
+xxh3_64 = xxhash.xxh3_64_intdigest
 _xxh3_stream = xxhash.xxh3_64
 
 
@@ -77,7 +77,7 @@ def checksum(parts: Sequence[Any]) -> int:
     value as hashing the joined bytes, so a page written from one layout verifies in the other.
     """
     if len(parts) == 1:
-        return _xxh3(parts[0])
+        return xxh3_64(parts[0])
     h = _xxh3_stream()
     for p in parts:
         h.update(p)

@@ -45,8 +45,9 @@ class FileOptions(BaseModel):
     ``io_threads``: threads moving one batch in parallel (1 = inline in the caller's thread).
     ``parallel_min_bytes``: batches with fewer payload bytes run inline, where a thread
     hand-off costs more than it saves.
-    ``temp_max_age_s``: temp files of killed writers older than this are deleted by the open-time
-    scan and by ``clear`` (younger ones may belong to a live writer in another process).
+    ``temp_max_age_s``: temp files of killed writers (``publish="rename"`` only) older than this
+    are deleted by the open-time scan (younger ones may belong to a live writer in another
+    process); clearing a namespace removes all of its temp files.
     ``publish``: how a page appears atomically: ``"tmpfile"`` writes an unnamed ``O_TMPFILE``
     inode and links it (Linux; nothing is left behind by a killed writer, one directory
     operation per page), ``"rename"`` writes a named temp file and renames it (portable),
