@@ -16,7 +16,7 @@ lint:
 
 typecheck:
 	$(VENV)/bin/mypy hicache_core
-	$(VENV)/bin/mypy plugins/file/hicache_file plugins/mooncake/hicache_mooncake plugins/hf3fs_stub/hicache_hf3fs_stub
+	$(VENV)/bin/mypy plugins/file/hicache_file plugins/mooncake/hicache_mooncake plugins/hf3fs_stub/hicache_hf3fs_stub integrations/sglang/hicache_sglang
 
 unit:
 	$(PY) -m pytest tests -q

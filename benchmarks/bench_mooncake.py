@@ -31,8 +31,9 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
+T = TypeVar("T")
 TARGET = 0.95
 KIB = 1 << 10
 MIB = 1 << 20
@@ -58,7 +59,7 @@ def _bench_case(
         model_name=f"bench-{page_bytes}",
         is_mla_model=True,
         kv_dtype="uint8",
-        batch_pages=chunk,
+        controller={"batch_pages": chunk},
     )
     pool = MLAKVPool(n, 1, 1, page_bytes, torch.uint8, allocate=False)
     with CacheController(cfg, pool) as ctl:
@@ -83,21 +84,20 @@ def _bench_case(
                 res = raw.batch_get_into(keys[a:b], ptrs[a:b], sizes[a:b])
                 assert all(r == page_bytes for r in res), set(res)
 
-        def timed(fn: Callable[[], Any]) -> float:
+        def timed(fn: Callable[[], T]) -> tuple[T, float]:
             t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
+            out = fn()
+            return out, time.perf_counter() - t0
 
         def check(what: str) -> None:
             assert torch.equal(buf, ref), f"{what}: bytes differ"
 
         def run_plugin() -> tuple[float, float]:
             hashes = _hashes(n)
-            res = [None, None]
-            tw = timed(lambda: res.__setitem__(0, ctl.backup(hashes, idx)))
+            wrote, tw = timed(lambda: ctl.backup(hashes, idx))
             buf.zero_()
-            tr = timed(lambda: res.__setitem__(1, ctl.prefetch(hashes, idx)))
-            assert res[0].ok and res[0].pages == n and res[1].pages == n, res  # type: ignore[attr-defined]
+            read, tr = timed(lambda: ctl.prefetch(hashes, idx))
+            assert wrote.ok and wrote.pages == n and read.pages == n, (wrote, read)
             check("plugin prefetch")
             return tw, tr
 
@@ -105,23 +105,25 @@ def _bench_case(
             hashes = _hashes(n)
             transfers = [
                 PoolTransfer(
-                    PoolName.KV, tuple(idx[a:b]), tuple(hashes[a:b]), keys=store.page_keys("kv", hashes[a:b])
+                    PoolName.KV,
+                    tuple(idx[a:b]),
+                    tuple(hashes[a:b]),
+                    keys=tuple(store.page_keys("kv", hashes[a:b])),
                 )
                 for a, b in spans
             ]
-            ok: list[list[list[bool]]] = [[], []]
-            tw = timed(lambda: ok.__setitem__(0, [store.batch_io_v2(IoOp.SET, [t]) for t in transfers]))
+            wrote, tw = timed(lambda: [store.batch_io_v2(IoOp.SET, [t])[0] for t in transfers])
             buf.zero_()
-            tr = timed(lambda: ok.__setitem__(1, [store.batch_io_v2(IoOp.GET, [t]) for t in transfers]))
-            assert all(all(r[0]) for step in ok for r in step), "plugin v2 hook reported failures"
+            read, tr = timed(lambda: [store.batch_io_v2(IoOp.GET, [t])[0] for t in transfers])
+            assert all(all(flags) for flags in (*wrote, *read)), "plugin v2 hook reported failures"
             check("plugin v2 get")
             return tw, tr
 
         def run_raw() -> tuple[float, float]:
             keys = [f"raw-{uuid.uuid4().hex[:12]}-{i}" for i in range(n)]
-            tw = timed(lambda: raw_put(keys))
+            _, tw = timed(lambda: raw_put(keys))
             buf.zero_()
-            tr = timed(lambda: raw_get(keys))
+            _, tr = timed(lambda: raw_get(keys))
             check("raw get")
             return tw, tr
 

@@ -15,6 +15,7 @@ name                                      module             ratio (target)
 ``mooncake_vs_raw_client``                bench_mooncake     throughput ratio (>= 0.95)
 ``cold_start_vs_python``                  bench_cold_start   time ratio (within 0.3 s)
 ``scaling_default_vs_best``               bench_scaling      throughput ratio (>= 0.8)
+``metrics_overhead``                      bench_metrics      time ratio (<= 1.03)
 ========================================  =================  ==========================
 
 A module that is missing or raises is recorded as ``{"error": ..., "ratio": null,
@@ -48,6 +49,7 @@ EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_mooncake": ("mooncake_vs_raw_client",),
     "bench_cold_start": ("cold_start_vs_python",),
     "bench_scaling": ("scaling_default_vs_best",),
+    "bench_metrics": ("metrics_overhead",),
 }
 TARGETS: dict[str, float] = {
     "page_hashes_vs_hashlib": 0.6,
@@ -57,6 +59,7 @@ TARGETS: dict[str, float] = {
     "exists_vs_raw": 1.2,
     "mooncake_vs_raw_client": 0.95,
     "scaling_default_vs_best": 0.8,
+    "metrics_overhead": 1.03,
 }
 ORDER = (
     "bench_cold_start",

@@ -33,4 +33,8 @@ for plugin in plugins/*/ integrations/*/; do
   fi
 done
 "${PIP[@]}" "torch==2.13.0" "${editables[@]}"
+# Integrations whose test dependencies cannot be expressed as extras (e.g. sglang --no-deps).
+for dev in integrations/*/setup-dev.sh; do
+  if [ -x "$dev" ]; then "$dev" "$VENV"; fi
+done
 echo "setup: ready ($VENV: $("$VENV/bin/python" -c 'import torch, hicache_core; print("torch", torch.__version__, "hicache", hicache_core.__version__)'))"

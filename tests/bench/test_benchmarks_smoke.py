@@ -2,9 +2,9 @@
 
 No timing assertions: only that every name a module owns is reported as
 ``{"ratio": number, "target": number, "meets_target": bool}``. ``HICACHE_BENCH_SMOKE=1`` shrinks
-the benchmarks that honour it (dispatch, cold start, scaling) to a few iterations. Modules of
-other areas that take minutes even in quick mode (file, mooncake, metrics) run only with
-``HICACHE_LONG_TESTS=1``. Also checks run_all's own contract: a module that is missing or raises
+the benchmarks that honour it (dispatch, cold start, scaling) to a few iterations. The other
+modules that run for 20 s to minutes even in quick mode on this machine (file, mooncake) run
+only with ``HICACHE_LONG_TESTS=1``. Also checks run_all's own contract: a module that is missing or raises
 is recorded as an error and makes the exit status non-zero.
 """
 
@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 RUN_ALL = BENCH / "run_all.py"
-FAST = ("bench_hashing", "bench_dispatch", "bench_cold_start", "bench_scaling")
+FAST = ("bench_hashing", "bench_dispatch", "bench_cold_start", "bench_scaling", "bench_metrics")
 LONG = os.environ.get("HICACHE_LONG_TESTS", "") not in ("", "0")
 
 _spec = importlib.util.spec_from_file_location("hicache_benchmarks_run_all", RUN_ALL)
@@ -62,15 +62,16 @@ def test_fast_benchmarks_run_and_report() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     merged = json.loads(proc.stdout)
     for module in modules:
-        for name in run_all.EXPECTED[module]:
+        for name in run_all.EXPECTED.get(module, ()):
             _assert_entry(name, merged[name])
-    assert set(merged) >= {n for m in modules for n in run_all.EXPECTED[m]}
+    for name, entry in merged.items():  # modules without a fixed name list (e.g. metrics)
+        _assert_entry(name, entry)
 
 
 @pytest.mark.parametrize("module", [m for m in _present() if m not in FAST])
 def test_other_benchmarks_run_and_report(module: str) -> None:
     if not LONG:
-        pytest.skip(f"{module} takes minutes even with --quick; run with HICACHE_LONG_TESTS=1")
+        pytest.skip(f"{module} runs for 20 s to minutes even with --quick; set HICACHE_LONG_TESTS=1")
     proc = _run_all("--only", module, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     merged = json.loads(proc.stdout)

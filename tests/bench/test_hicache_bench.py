@@ -73,11 +73,12 @@ def test_bench_unknown_backend_lists_installed_names_without_traceback() -> None
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-def test_bench_text_output_has_progress_and_table() -> None:
-    proc = _cli("bench", "--model", "deepseek-v3.2", "--pages", "16", "--repeat", "1")
-    assert proc.returncode == 0, proc.stderr
-    assert "verified" in proc.stdout and "prefetch" in proc.stdout and "baseline" in proc.stdout
-    assert "backup" in proc.stderr  # the progress bar
+def test_text_report_and_progress_bar(memory_backends: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_bench(BenchRequest(backend="memory", options={}, pages=8, rounds=1, model="deepseek-v3.2"))
+    runner.render(report)
+    out, err = capsys.readouterr()
+    assert "verified" in out and "prefetch" in out and "baseline: memcpy" in out
+    assert "backup" in err and "prefetch" in err  # the progress bars (stderr)
 
 
 def test_model_choices_match_profiles() -> None:

@@ -92,3 +92,17 @@ def test_stale_temp_files_are_swept_on_open(tmp_path) -> None:
         store.clear()  # the core namespace differs; clear the test namespace directly
         assert store.backend.hicache_clear(namespace="b") == 2
     assert files_under(tmp_path) == []
+
+
+def test_scan_indexes_only_files_at_their_own_path(tmp_path) -> None:
+    with open_store(config(tmp_path)) as store:
+        assert all(_set(store, _keys(0, 3)))
+        shard = os.path.dirname(store.backend.path_of(_keys(0, 1)[0]))
+    stray = [os.path.join(shard, "b.p.elsewhere"), os.path.join(tmp_path, "b", "notes.txt")]
+    for p in stray:
+        with open(p, "wb") as f:
+            f.write(b"x" * 10)
+    with open_store(config(tmp_path, options={"max_bytes": DISK})) as store:
+        assert len(store.backend.index) == 1, "stray files are never indexed (nor evicted)"
+        assert store.backend.stats.evictions == 2
+    assert all(os.path.exists(p) for p in stray)

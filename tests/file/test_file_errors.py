@@ -200,3 +200,10 @@ def test_close_stops_threads_and_is_idempotent(tmp_path) -> None:
     assert backend._executor is None
     # after close the backend still answers (inline), it just has no threads
     assert backend.hicache_batch_io_v1(op=IoOp.EXISTS, keys=keys, buffers=None) == [True] * 6
+
+
+def test_root_with_foreign_content_is_refused(tmp_path) -> None:
+    (tmp_path / "precious.txt").write_text("not a page")
+    with pytest.raises(FileRootError, match="not empty"):
+        open_store(config(tmp_path, options={"max_bytes": 1}))
+    assert (tmp_path / "precious.txt").read_text() == "not a page"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -111,9 +111,11 @@ def test_sglang_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> 
 
 def test_draft_capability_depends_on_split_heads() -> None:
     hook = MooncakeBackend.hicache_draft_io_capability
-    plain = hook(SimpleNamespace(config=StorageConfig(backend="mooncake")))  # type: ignore[arg-type]
+    plain = hook(cast(Any, SimpleNamespace(config=StorageConfig(backend="mooncake"))))
     assert plain.mode is DraftIoMode.ZERO_COPY_V2
-    split = hook(SimpleNamespace(config=StorageConfig(backend="mooncake", should_split_heads=True)))  # type: ignore[arg-type]
+    split = hook(
+        cast(Any, SimpleNamespace(config=StorageConfig(backend="mooncake", should_split_heads=True)))
+    )
     assert split.mode is DraftIoMode.UNSUPPORTED and "should_split_heads" in split.reason
 
 

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ._format import MARKER_NAME, TEMP_PREFIX
+from ._format import MARKER_NAME, TEMP_PREFIX, relpath
 
 __all__ = ["LruIndex", "ScanResult", "scan_root"]
 
@@ -132,8 +132,15 @@ def scan_root(root: str, temp_max_age_s: float) -> ScanResult:
                             except OSError:
                                 pass
                         continue
-                    if entry.is_file(follow_symlinks=False):
-                        found.append((st.st_mtime_ns, entry.name, st.st_size))
+                    # only files at the place their name maps to are pages (eviction deletes
+                    # by that path); anything else under the root is left alone
+                    name = entry.name
+                    if (
+                        entry.is_file(follow_symlinks=False)
+                        and not name.startswith(".")
+                        and os.path.join(root, relpath(name)) == entry.path
+                    ):
+                        found.append((st.st_mtime_ns, name, st.st_size))
     found.sort()
     result = ScanResult([(k, s) for _, k, s in found], len(found), removed, time.perf_counter() - t0)
     log.debug(

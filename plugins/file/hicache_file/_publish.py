@@ -199,6 +199,17 @@ def _check_marker(root: str) -> None:
             "or use another root"
         ) from None
     if info is None:
+        # A root without the marker must be empty (or hold only our temp files): never adopt a
+        # directory with other content, whose files LRU eviction or clear could then touch.
+        with os.scandir(root) as it:
+            foreign = sorted(e.name for e in it if not e.name.startswith((fmt.TEMP_PREFIX, fmt.MARKER_NAME)))
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+            raise FileRootError(
+                f"file backend root {root!r} is not empty ({shown}) and has no {fmt.MARKER_NAME}, "
+                "so it was not created by hicache-file; set options.root to an empty or dedicated "
+                "directory (it is created if missing)"
+            )
         tmp = f"{marker}.{os.getpid()}-{secrets.token_hex(4)}"
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump({"format": fmt.FORMAT_VERSION, "layout": fmt.LAYOUT, "checksum": "xxh3_64"}, f)
