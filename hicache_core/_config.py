@@ -112,7 +112,12 @@ class StorageConfig(BaseModel):
     def _lift_flat_controller_fields(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and _CONTROLLER_FIELDS & set(data):
             data = dict(data)
-            nested = dict(data.get("controller") or {})
+            given = data.get("controller") or {}
+            if not isinstance(given, Mapping):
+                raise ValueError(
+                    f"controller must be a mapping of controller settings, got {type(given).__name__}"
+                )
+            nested = dict(given)
             for name in _CONTROLLER_FIELDS & set(data):
                 nested[name] = data.pop(name)
             data["controller"] = nested
@@ -173,7 +178,7 @@ def load_config(
         data.update(_read_file(Path(file)))
         source = str(file)
     env_data = _read_env(env)
-    if "options" in env_data and "options" in data:
+    if isinstance(env_data.get("options"), dict) and isinstance(data.get("options"), dict):
         env_data["options"] = {**data["options"], **env_data["options"]}
     data.update(env_data)
     data.update(overrides)
@@ -261,6 +266,8 @@ def _read_env(env: Mapping[str, str]) -> dict[str, Any]:
                 value: Any = json.loads(raw)
             except json.JSONDecodeError as err:
                 raise ConfigError(f"{name} must be a JSON object: {err}") from None
+            if not isinstance(value, dict):
+                raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             out[field] = value
         else:
             out[field] = raw

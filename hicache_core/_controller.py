@@ -168,7 +168,12 @@ class CacheController:
             )
         given: dict[PoolName, IndexLike] = {}
         for name, idx in (extra or {}).items():
-            pool_name = PoolName(name)
+            try:
+                pool_name = PoolName(name)
+            except ValueError:
+                raise PoolError(
+                    f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}"
+                ) from None
             if pool_name not in self.pools or pool_name is PoolName.KV:
                 raise PoolError(
                     f"extra indices for pool {str(name)!r}, which is not a sidecar pool of this group "
@@ -326,7 +331,12 @@ class CacheController:
     def _check_hashes(self, page_hashes: Sequence[str]) -> list[str]:
         if isinstance(page_hashes, (str, bytes)):
             raise BatchShapeError("page_hashes must be a sequence of hash strings, not a single string")
-        return list(page_hashes)
+        try:
+            return list(page_hashes)
+        except TypeError:
+            raise BatchShapeError(
+                f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
+            ) from None
 
     def _prepare(
         self,
@@ -346,7 +356,7 @@ class CacheController:
 
     def _prepare_query(self, page_hashes: Sequence[str], window: int) -> Callable[[], QueryResult]:
         hashes = self._check_hashes(page_hashes)
-        if window < 1:
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise BatchShapeError(f"trailing_window must be >= 1, got {window}")
         for h in hashes:
             check_page_hash(h)

@@ -16,6 +16,7 @@ logical dtype and shape for the engine.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -194,7 +195,12 @@ class HostPool:
     def check_indices(self, indices: Iterable[int]) -> list[int]:
         """Validate host page indices and return them as a list of ints."""
         tolist = getattr(indices, "tolist", None)
-        out = [int(i) for i in (tolist() if tolist is not None else indices)]
+        try:
+            out = [operator.index(i) for i in (tolist() if tolist is not None else indices)]
+        except TypeError:
+            raise BatchShapeError(
+                f"host page indices must be integers (a sequence of int or an integer tensor), got {indices!r:.80}"
+            ) from None
         if out and (min(out) < 0 or max(out) >= self.num_pages):
             bad = next(i for i in out if i < 0 or i >= self.num_pages)
             raise BatchShapeError(

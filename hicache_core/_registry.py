@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ __all__ = [
     "EXTENSIONS_GROUP",
     "PluginInfo",
     "backend_names",
+    "clear_caches",
     "describe_backend",
     "find_backends",
     "find_extensions",
@@ -63,7 +65,26 @@ def _names_from_env(var: str, environ: Mapping[str, str]) -> set[str] | None:
     return {n.strip() for n in raw.split(",") if n.strip()}
 
 
+_scans: dict[tuple[str, tuple[str, ...]], dict[str, list[PluginInfo]]] = {}
+
+
+def clear_caches() -> None:
+    """Forget scanned entry points and loaded classes (after installing plugins in-process)."""
+    with _cache_lock:
+        _scans.clear()
+        _cache.clear()
+
+
 def _scan(group: str) -> dict[str, list[PluginInfo]]:
+    # Scanning every distribution's metadata costs milliseconds; memoise per sys.path.
+    key = (group, tuple(sys.path))
+    cached = _scans.get(key)
+    if cached is None:
+        cached = _scans[key] = _scan_uncached(group)
+    return cached
+
+
+def _scan_uncached(group: str) -> dict[str, list[PluginInfo]]:
     found: dict[str, list[PluginInfo]] = {}
     seen: set[tuple[str, str]] = set()
     for ep in entry_points(group=group):

@@ -39,6 +39,20 @@ log = logging.getLogger("hicache")
 TRACE_ENV = "HICACHE_TRACE"
 
 
+def _io_op(op: object) -> IoOp:
+    try:
+        return IoOp(op)
+    except ValueError:
+        raise BatchShapeError(f"unknown I/O op {op!r}; use one of {[o.value for o in IoOp]}") from None
+
+
+def _pool_name(name: object) -> PoolName:
+    try:
+        return PoolName(name)
+    except ValueError:
+        raise PoolError(f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}") from None
+
+
 def validate_options(backend_cls: type, name: str, options: Any) -> BaseModel:
     """Validate ``options`` with ``backend_cls.Options``; errors name the backend and field path."""
     model: type[BaseModel] = backend_cls.Options  # type: ignore[attr-defined]
@@ -97,6 +111,9 @@ class Store:
                 ext = load_extension_class(ext_name)(config)
                 self._register(ext, f"extension:{ext_name}")
                 self.extensions[ext_name] = ext
+                bind = getattr(ext, "bind_store", None)
+                if callable(bind):
+                    bind(self)  # lets an extension read backend-level counters
         except BaseException:
             self.pm.hook.hicache_close()  # release what the backend opened
             raise
@@ -119,7 +136,7 @@ class Store:
 
     # ------------------------------------------------------------------ pools
     def register_pool(self, pool_name: PoolName | str, pool: HostPool) -> None:
-        name = PoolName(pool_name)
+        name = _pool_name(pool_name)
         if name not in self.capabilities.pools:
             raise PoolError(
                 f"backend {self.name!r} does not support pool {name.value!r}; it declares "
@@ -154,7 +171,13 @@ class Store:
 
     # -------------------------------------------------------------------- I/O
     def page_keys(self, pool_name: PoolName | str, page_hashes: Sequence[str]) -> list[tuple[str, ...]]:
-        result = self._hook_keys(pool_name=PoolName(pool_name), page_hashes=page_hashes)
+        if isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence):
+            raise BatchShapeError(
+                f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
+            )
+        result = self._call(
+            "hicache_page_keys", self._hook_keys, pool_name=_pool_name(pool_name), page_hashes=page_hashes
+        )
         if result is None or len(result) != len(page_hashes):
             raise BackendContractError(
                 f"backend {self.name!r}: hicache_page_keys returned "
@@ -165,7 +188,7 @@ class Store:
     def batch_io_v1(
         self, op: IoOp | str, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None = None
     ) -> list[bool]:
-        op = IoOp(op)
+        op = _io_op(op)
         if op is IoOp.EXISTS:
             buffers = None
         elif buffers is None or len(buffers) != len(keys):
@@ -177,19 +200,21 @@ class Store:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v1 I/O")
         if not keys:
             return []
-        result = self._hook_v1(op=op, keys=keys, buffers=buffers)
+        result = self._call("hicache_batch_io_v1", self._hook_v1, op=op, keys=keys, buffers=buffers)
         return self._check_flags("hicache_batch_io_v1", result, len(keys))
 
     def batch_io_v2(self, op: IoOp | str, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
-        op = IoOp(op)
+        op = _io_op(op)
         if not self.capabilities.v2:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v2 I/O")
         for t in transfers:
+            if not isinstance(t, PoolTransfer):
+                raise BatchShapeError(f"batch_io_v2 takes PoolTransfer objects, got {type(t).__name__}")
             if t.pool not in self.pools:
                 self.pool(t.pool)  # raises PoolError
         if not transfers:
             return []
-        result = self._hook_v2(op=op, transfers=transfers)
+        result = self._call("hicache_batch_io_v2", self._hook_v2, op=op, transfers=transfers)
         if result is None or len(result) != len(transfers):
             raise BackendContractError(
                 f"backend {self.name!r}: hicache_batch_io_v2 must return one list per transfer "
@@ -197,8 +222,17 @@ class Store:
             )
         return [self._check_flags("hicache_batch_io_v2", r, len(t)) for r, t in zip(result, transfers)]
 
+    def _call(self, hook: str, caller: Any, **kwargs: Any) -> Any:
+        """Run a hook; a non-hicache exception from a plugin becomes a typed BackendIOError."""
+        try:
+            return caller(**kwargs)
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise BackendIOError(f"backend {self.name!r}: {hook} raised {type(err).__name__}: {err}") from err
+
     def _check_flags(self, hook: str, result: Any, n: int) -> list[bool]:
-        if result is None:
+        if result is None or not isinstance(result, (list, tuple)):
             raise BackendContractError(
                 f"backend {self.name!r}: {hook} returned None; it must return one bool per entry ({n})"
             )

@@ -11,6 +11,15 @@ from tests.support.distinfo import installed_dist
 from tests.support.membackend import MEMORY_ENTRY_POINTS, SHARED
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--long",
+        action="store_true",
+        default=False,
+        help="hicache: run the long reliability variants (>= 100 crash kills, 10x fuzz cases)",
+    )
+
+
 @pytest.fixture
 def memory_backends(tmp_path: Path) -> Iterator[list[str]]:
     """Install the ``memory*`` test backends (entry points in a real dist-info on sys.path)."""

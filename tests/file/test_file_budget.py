@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 from file_helpers import config, files_under
 
-from hicache_core import IoOp, open_store
+from hicache_core import IoOp, Store, open_store
 
 N = 1000
 KEYLEN = len("b.p.000")
@@ -19,21 +20,21 @@ def _keys(lo: int, hi: int) -> list[str]:
     return [f"b.p.{i:03d}" for i in range(lo, hi)]
 
 
-def _set(store, keys: list[str]) -> list[bool]:
+def _set(store: Store, keys: list[str]) -> list[bool]:
     return store.batch_io_v1(
         IoOp.SET, keys, [torch.full((N,), i % 256, dtype=torch.uint8) for i in range(len(keys))]
     )
 
 
-def _present(store, keys: list[str]) -> list[bool]:
+def _present(store: Store, keys: list[str]) -> list[bool]:
     return store.batch_io_v1(IoOp.EXISTS, keys)
 
 
-def _disk_bytes(root) -> int:
+def _disk_bytes(root: Path) -> int:
     return sum(os.path.getsize(os.path.join(root, f)) for f in files_under(root))
 
 
-def test_lru_eviction_keeps_recently_used(tmp_path) -> None:
+def test_lru_eviction_keeps_recently_used(tmp_path: Path) -> None:
     budget = 10 * DISK
     with open_store(config(tmp_path, options={"max_bytes": budget})) as store:
         backend = store.backend
@@ -53,7 +54,7 @@ def test_lru_eviction_keeps_recently_used(tmp_path) -> None:
         assert all(_present(store, _keys(25, 35)))
 
 
-def test_index_survives_restart_and_smaller_budget_evicts_oldest(tmp_path) -> None:
+def test_index_survives_restart_and_smaller_budget_evicts_oldest(tmp_path: Path) -> None:
     with open_store(config(tmp_path, options={"max_bytes": 100 * DISK})) as store:
         for i in range(0, 20, 5):
             assert all(_set(store, _keys(i, i + 5)))
@@ -67,14 +68,14 @@ def test_index_survives_restart_and_smaller_budget_evicts_oldest(tmp_path) -> No
     assert _disk_bytes(tmp_path) == 12 * DISK
 
 
-def test_page_larger_than_budget_is_refused(tmp_path) -> None:
+def test_page_larger_than_budget_is_refused(tmp_path: Path) -> None:
     with open_store(config(tmp_path, options={"max_bytes": DISK - 1})) as store:
         assert _set(store, _keys(0, 1)) == [False]
         assert store.backend.stats.write_errors == 1
     assert files_under(tmp_path) == []
 
 
-def test_stale_temp_files_are_swept_on_open(tmp_path) -> None:
+def test_stale_temp_files_are_swept_on_open(tmp_path: Path) -> None:
     with open_store(config(tmp_path)) as store:
         assert all(_set(store, _keys(0, 2)))
         leaf = os.path.dirname(store.backend.path_of(_keys(0, 1)[0]))
@@ -94,7 +95,7 @@ def test_stale_temp_files_are_swept_on_open(tmp_path) -> None:
     assert files_under(tmp_path) == []
 
 
-def test_scan_indexes_only_files_at_their_own_path(tmp_path) -> None:
+def test_scan_indexes_only_files_at_their_own_path(tmp_path: Path) -> None:
     with open_store(config(tmp_path)) as store:
         assert all(_set(store, _keys(0, 3)))
         shard = os.path.dirname(store.backend.path_of(_keys(0, 1)[0]))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,12 +19,13 @@ from hicache_core import (
     IoOp,
     MHAKVPool,
     OptionsError,
+    PoolName,
     open_store,
     page_hashes,
 )
 
 
-def test_root_is_an_existing_file(tmp_path) -> None:
+def test_root_is_an_existing_file(tmp_path: Path) -> None:
     path = tmp_path / "not-a-dir"
     path.write_text("x")
     with pytest.raises(FileRootError) as info:
@@ -33,7 +35,7 @@ def test_root_is_an_existing_file(tmp_path) -> None:
     assert isinstance(info.value, BackendIOError) and isinstance(info.value, OSError)
 
 
-def test_root_below_a_regular_file(tmp_path) -> None:
+def test_root_below_a_regular_file(tmp_path: Path) -> None:
     path = tmp_path / "file"
     path.write_text("x")
     with pytest.raises(FileRootError, match="cannot be created"):
@@ -47,7 +49,7 @@ def test_root_on_a_filesystem_nobody_can_write() -> None:
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
-def test_root_without_write_permission(tmp_path) -> None:  # pragma: no cover - non-root only
+def test_root_without_write_permission(tmp_path: Path) -> None:  # pragma: no cover - non-root only
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -58,13 +60,13 @@ def test_root_without_write_permission(tmp_path) -> None:  # pragma: no cover - 
         ro.chmod(0o700)
 
 
-def test_root_with_a_foreign_format(tmp_path) -> None:
+def test_root_with_a_foreign_format(tmp_path: Path) -> None:
     (tmp_path / ".hicache-file.json").write_text('{"format": 99}')
     with pytest.raises(FileRootError, match="format 99"):
         open_store(config(tmp_path))
 
 
-def test_options(tmp_path) -> None:
+def test_options(tmp_path: Path) -> None:
     with pytest.raises(OptionsError, match="max_byte"):
         open_store(config(tmp_path, options={"max_byte": 10}))
     with pytest.raises(OptionsError, match="io_threads"):
@@ -80,7 +82,7 @@ def test_options(tmp_path) -> None:
     assert FileBackend.Options is FileOptions
 
 
-def _fail_writev_after(monkeypatch, ok_calls: int, err: int = errno.ENOSPC) -> list[int]:
+def _fail_writev_after(monkeypatch: pytest.MonkeyPatch, ok_calls: int, err: int = errno.ENOSPC) -> list[int]:
     calls = [0]
     real = os.writev
 
@@ -95,7 +97,9 @@ def _fail_writev_after(monkeypatch, ok_calls: int, err: int = errno.ENOSPC) -> l
 
 
 @pytest.mark.parametrize("publish", ["tmpfile", "rename"])
-def test_enospc_fails_only_the_affected_pages(tmp_path, monkeypatch, caplog, publish: str) -> None:
+def test_enospc_fails_only_the_affected_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, publish: str
+) -> None:
     kv = MHAKVPool(8, 4, 2, 2, 8)
     fill(kv, 1)
     want = pages(kv, range(3))
@@ -106,7 +110,7 @@ def test_enospc_fails_only_the_affected_pages(tmp_path, monkeypatch, caplog, pub
         with caplog.at_level(logging.WARNING, logger="hicache.file"):
             res = ctl.backup(hashes, range(8))
         monkeypatch.undo()
-        assert res.per_pool["kv"] == [True] * 3 + [False] * 5
+        assert res.per_pool[PoolName.KV] == [True] * 3 + [False] * 5
         assert res.pages == 3
         warnings = [r for r in caplog.records if r.name == "hicache.file"]
         assert len(warnings) == 1 and "No space left on device" in warnings[0].getMessage()
@@ -121,7 +125,7 @@ def test_enospc_fails_only_the_affected_pages(tmp_path, monkeypatch, caplog, pub
 
 
 @pytest.mark.parametrize("publish", ["tmpfile", "rename"])
-def test_short_writes_are_completed(tmp_path, monkeypatch, publish: str) -> None:
+def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, publish: str) -> None:
     real = os.writev
 
     def short_writev(fd: int, bufs) -> int:  # type: ignore[no-untyped-def]
@@ -139,7 +143,9 @@ def test_short_writes_are_completed(tmp_path, monkeypatch, publish: str) -> None
 
 
 @pytest.mark.parametrize("publish", ["tmpfile", "rename"])
-def test_publish_failure_leaves_no_temp_file(tmp_path, monkeypatch, publish: str) -> None:
+def test_publish_failure_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, publish: str
+) -> None:
     def fail(*args: object, **kw: object) -> None:
         raise OSError(errno.EIO, "I/O error")
 
@@ -154,7 +160,7 @@ def test_publish_failure_leaves_no_temp_file(tmp_path, monkeypatch, publish: str
         assert store.batch_io_v1(IoOp.EXISTS, ["r.a", "r.b", "r.c"]) == [False] * 3
 
 
-def test_unreadable_page_is_a_miss_not_an_exception(tmp_path, monkeypatch) -> None:
+def test_unreadable_page_is_a_miss_not_an_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_open = os.open
 
     def failing_open(path, flags, *a):  # type: ignore[no-untyped-def]
@@ -172,7 +178,7 @@ def test_unreadable_page_is_a_miss_not_an_exception(tmp_path, monkeypatch) -> No
         assert store.backend.stats.read_errors == 1
 
 
-def test_publish_modes(tmp_path) -> None:
+def test_publish_modes(tmp_path: Path) -> None:
     with open_store(config(tmp_path)) as store:
         assert store.backend.publish_mode == "tmpfile"  # Linux + ext4/tmpfs: auto picks it
     with open_store(config(tmp_path, options={"publish": "rename"})) as store:
@@ -181,14 +187,14 @@ def test_publish_modes(tmp_path) -> None:
         open_store(config(tmp_path, options={"publish": "copy"}))
 
 
-def test_errors_are_hicache_errors(tmp_path) -> None:
+def test_errors_are_hicache_errors(tmp_path: Path) -> None:
     path = tmp_path / "f"
     path.write_text("")
     with pytest.raises(HiCacheError):
         open_store(config(path))
 
 
-def test_close_stops_threads_and_is_idempotent(tmp_path) -> None:
+def test_close_stops_threads_and_is_idempotent(tmp_path: Path) -> None:
     store = open_store(config(tmp_path, options={"io_threads": 3, "parallel_min_bytes": 0}))
     bufs = [torch.ones(10, dtype=torch.uint8)] * 6
     keys = [f"c.k{i}" for i in range(6)]
@@ -202,7 +208,7 @@ def test_close_stops_threads_and_is_idempotent(tmp_path) -> None:
     assert backend.hicache_batch_io_v1(op=IoOp.EXISTS, keys=keys, buffers=None) == [True] * 6
 
 
-def test_root_with_foreign_content_is_refused(tmp_path) -> None:
+def test_root_with_foreign_content_is_refused(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("not a page")
     with pytest.raises(FileRootError, match="not empty"):
         open_store(config(tmp_path, options={"max_bytes": 1}))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from file_helpers import config, fill, pages, zero
@@ -11,7 +12,7 @@ from hicache_core import CacheController, MHAKVPool, page_hashes
 
 
 @pytest.mark.parametrize("publish", ["tmpfile", "rename"])
-def test_fsync_pages_and_directories(tmp_path, monkeypatch, publish: str) -> None:
+def test_fsync_pages_and_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, publish: str) -> None:
     synced: list[str] = []
     real = os.fsync
 

@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,7 +62,9 @@ DAMAGE = {
 
 
 @pytest.mark.parametrize("kind", list(DAMAGE))
-def test_damaged_page_is_a_counted_miss_and_removed(tmp_path, kind: str, caplog) -> None:
+def test_damaged_page_is_a_counted_miss_and_removed(
+    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
     data = torch.randint(0, 256, (N,), dtype=torch.uint8)
     with open_store(config(tmp_path)) as store:
         backend = store.backend
@@ -81,7 +84,7 @@ def test_damaged_page_is_a_counted_miss_and_removed(tmp_path, kind: str, caplog)
         assert torch.equal(out, data)
 
 
-def test_wrong_key_in_header_is_detected(tmp_path) -> None:
+def test_wrong_key_in_header_is_detected(tmp_path: Path) -> None:
     a = torch.randint(0, 256, (N,), dtype=torch.uint8)
     b = torch.randint(0, 256, (N,), dtype=torch.uint8)
     with open_store(config(tmp_path)) as store:
@@ -96,7 +99,7 @@ def test_wrong_key_in_header_is_detected(tmp_path) -> None:
         assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True] and torch.equal(out, a)
 
 
-def test_size_mismatch_is_a_plain_miss(tmp_path) -> None:
+def test_size_mismatch_is_a_plain_miss(tmp_path: Path) -> None:
     data = torch.randint(0, 256, (N,), dtype=torch.uint8)
     with open_store(config(tmp_path)) as store:
         backend = store.backend
@@ -110,7 +113,7 @@ def test_size_mismatch_is_a_plain_miss(tmp_path) -> None:
         assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True] and torch.equal(out, data)
 
 
-def test_corrupt_page_cuts_the_prefetched_prefix(tmp_path) -> None:
+def test_corrupt_page_cuts_the_prefetched_prefix(tmp_path: Path) -> None:
     kv = MHAKVPool(8, 4, 2, 2, 8)
     fill(kv, 3)
     want = pages(kv, range(3))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from hicache_core import (
 )
 
 
-def test_sharded_tree(tmp_path) -> None:
+def test_sharded_tree(tmp_path: Path) -> None:
     kv = MHAKVPool(40, 2, 2, 1, 8)
     fill(kv, 1)
     hashes = page_hashes(list(range(80)), 2)
@@ -40,7 +41,7 @@ def test_sharded_tree(tmp_path) -> None:
     assert not temp_files(tmp_path)
 
 
-def test_io_never_scans_directories(tmp_path, monkeypatch) -> None:
+def test_io_never_scans_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kv = MHAKVPool(16, 2, 2, 1, 8)
     fill(kv, 2)
     hashes = page_hashes(list(range(32)), 2)
@@ -81,7 +82,7 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize("op", [IoOp.EXISTS, IoOp.GET, IoOp.SET])
-def test_hostile_keys_are_rejected(tmp_path, op: IoOp) -> None:
+def test_hostile_keys_are_rejected(tmp_path: Path, op: IoOp) -> None:
     root = tmp_path / "root"
     before = sorted(p for p in tmp_path.rglob("*") if root not in p.parents and p != root)
     with open_store(config(root)) as store:
@@ -104,7 +105,7 @@ def test_hostile_keys_are_rejected(tmp_path, op: IoOp) -> None:
         assert store.backend._path_cache == {}, "rejected keys are never memoised"
 
 
-def test_short_and_dotted_keys_stay_inside_root(tmp_path) -> None:
+def test_short_and_dotted_keys_stay_inside_root(tmp_path: Path) -> None:
     keys = ["a", "ab", "abc", "a.b", "x.y.z-_", "nodot-key", "a.bc", "Z9"]
     with open_store(config(tmp_path)) as store:
         bufs = [torch.full((16,), i, dtype=torch.uint8) for i in range(len(keys))]
@@ -119,7 +120,7 @@ def test_short_and_dotted_keys_stay_inside_root(tmp_path) -> None:
     assert len(files_under(tmp_path)) == len(keys)
 
 
-def test_clear_only_touches_its_namespace(tmp_path) -> None:
+def test_clear_only_touches_its_namespace(tmp_path: Path) -> None:
     hashes = page_hashes(list(range(24)), 4)
     pools = {}
     for model in ("model-a", "model-b"):
@@ -148,7 +149,7 @@ def test_clear_only_touches_its_namespace(tmp_path) -> None:
     assert len(files_under(tmp_path)) == 24
 
 
-def test_clear_with_a_dotted_prefix(tmp_path) -> None:
+def test_clear_with_a_dotted_prefix(tmp_path: Path) -> None:
     hashes = page_hashes(list(range(16)), 4)
     kv = MLAKVPool(4, 4, 2, 16)
     draft = MLAKVPool(4, 4, 1, 16)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -43,7 +44,7 @@ _READER = textwrap.dedent(
 )
 
 
-def test_reopen_same_process(tmp_path) -> None:
+def test_reopen_same_process(tmp_path: Path) -> None:
     kv = MHAKVPool(10, 4, 3, 2, 8)
     fill(kv, 1)
     want = pages(kv, range(10))
@@ -58,7 +59,7 @@ def test_reopen_same_process(tmp_path) -> None:
     assert pages(kv, range(10)) == want
 
 
-def test_fresh_process_sees_pages(tmp_path) -> None:
+def test_fresh_process_sees_pages(tmp_path: Path) -> None:
     n = 7
     for layout in ("page_first", "layer_first"):
         kv = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
@@ -85,7 +86,7 @@ def forkserver() -> Any:
 
 
 @pytest.mark.parametrize("publish", ["tmpfile", "rename"])
-def test_sigkill_never_leaves_a_readable_torn_page(tmp_path, forkserver, publish: str) -> None:
+def test_sigkill_never_leaves_a_readable_torn_page(tmp_path: Path, forkserver: Any, publish: str) -> None:
     nbytes = 1 << 20
     start = 0
     for loop in range(5):
@@ -111,7 +112,7 @@ def test_sigkill_never_leaves_a_readable_torn_page(tmp_path, forkserver, publish
         assert store.backend.stats.integrity_errors == 0
 
 
-def test_two_processes_write_the_same_pages(tmp_path, forkserver) -> None:
+def test_two_processes_write_the_same_pages(tmp_path: Path, forkserver: Any) -> None:
     procs = [forkserver.Process(target=shared_writer, args=(str(tmp_path), 3)) for _ in range(2)]
     for p in procs:
         p.start()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,7 +43,7 @@ def test_entry_point_and_capabilities() -> None:
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_mha_roundtrip(tmp_path, layout: str) -> None:
+def test_mha_roundtrip(tmp_path: Path, layout: str) -> None:
     cfg = config(tmp_path, layout=layout)
     kv = MHAKVPool(24, 4, 3, 2, 8, layout=layout)
     fill(kv, 1)
@@ -64,7 +65,7 @@ def test_mha_roundtrip(tmp_path, layout: str) -> None:
         assert ctl.store.backend.stats.hits == 32
 
 
-def test_mla_roundtrip_and_rank_replication(tmp_path) -> None:
+def test_mla_roundtrip_and_rank_replication(tmp_path: Path) -> None:
     hashes = page_hashes(list(range(40)), 8)
     kv0 = MLAKVPool(8, 8, 4, 32)
     fill(kv0, 2)
@@ -78,7 +79,7 @@ def test_mla_roundtrip_and_rank_replication(tmp_path) -> None:
     assert pages(kv1, range(5)) == want
 
 
-def test_kv_plus_mamba(tmp_path) -> None:
+def test_kv_plus_mamba(tmp_path: Path) -> None:
     hashes = page_hashes(list(range(48)), 8)  # 6 pages
     kv = MHAKVPool(8, 8, 2, 2, 8)
     mamba = MambaPool(4, 2, (3, 4), [(2, 5), (1, 7)])
@@ -99,7 +100,7 @@ def test_kv_plus_mamba(tmp_path) -> None:
     assert pages(mamba, [0, 1]) == want_m
 
 
-def test_kv_plus_indexer(tmp_path) -> None:
+def test_kv_plus_indexer(tmp_path: Path) -> None:
     hashes = page_hashes(list(range(32)), 4)
     kv = MLAKVPool(8, 4, 2, 16)
     idx = IndexerPool(8, 4, 2, 12)
@@ -115,7 +116,7 @@ def test_kv_plus_indexer(tmp_path) -> None:
     assert pages(kv, range(8)) + pages(idx, range(8)) == want
 
 
-def test_draft_generic_v1(tmp_path) -> None:
+def test_draft_generic_v1(tmp_path: Path) -> None:
     hashes = page_hashes(list(range(24)), 4)
     kv = MHAKVPool(6, 4, 2, 2, 8)
     draft = MHAKVPool(6, 4, 1, 2, 8)
@@ -138,13 +139,13 @@ def test_draft_generic_v1(tmp_path) -> None:
     assert pages(draft, range(6)) == want_d
 
 
-def _keys(root) -> list[str]:
+def _keys(root: Path) -> list[str]:
     from file_helpers import files_under
 
     return [f.rsplit("/", 1)[-1] for f in files_under(root)]
 
 
-def test_v1_direct_strided_and_copy_buffers(tmp_path) -> None:
+def test_v1_direct_strided_and_copy_buffers(tmp_path: Path) -> None:
     with open_store(config(tmp_path)) as store:
         base = torch.randint(0, 256, (4, 6, 10), dtype=torch.uint8)
         bufs = [
@@ -169,7 +170,7 @@ def test_v1_direct_strided_and_copy_buffers(tmp_path) -> None:
         assert store.backend.stats.integrity_errors == 0
 
 
-def test_empty_batches_and_shape_errors(tmp_path) -> None:
+def test_empty_batches_and_shape_errors(tmp_path: Path) -> None:
     with open_store(config(tmp_path)) as store:
         backend = store.backend
         assert backend.hicache_batch_io_v1(op=IoOp.GET, keys=[], buffers=[]) == []
@@ -188,10 +189,10 @@ def test_empty_batches_and_shape_errors(tmp_path) -> None:
             backend.hicache_batch_io_v2(op=IoOp.GET, transfers=[PoolTransfer(PoolName.KV, (0,), ("ab",))])
         keys = store.page_keys(PoolName.KV, ["ab"])
         with pytest.raises(BatchShapeError):  # host index out of range
-            store.batch_io_v2(IoOp.SET, [PoolTransfer(PoolName.KV, (9,), ("ab",), keys=keys)])
+            store.batch_io_v2(IoOp.SET, [PoolTransfer(PoolName.KV, (9,), ("ab",), keys=tuple(keys))])
 
 
-def test_v2_partial_results_per_page(tmp_path) -> None:
+def test_v2_partial_results_per_page(tmp_path: Path) -> None:
     kv = MHAKVPool(8, 2, 2, 1, 8)
     fill(kv, 9)
     hashes = page_hashes(list(range(16)), 2)
@@ -200,7 +201,7 @@ def test_v2_partial_results_per_page(tmp_path) -> None:
         # remove only the V component of page 1: page 1 must read False, pages 0 and 2 True
         keys = ctl.store.page_keys(PoolName.KV, hashes[:3])
         os.unlink(ctl.store.backend.path_of(keys[1][1]))
-        t = PoolTransfer(PoolName.KV, (4, 5, 6), tuple(hashes[:3]), keys=keys)
+        t = PoolTransfer(PoolName.KV, (4, 5, 6), tuple(hashes[:3]), keys=tuple(keys))
         assert ctl.store.batch_io_v2(IoOp.EXISTS, [t]) == [[True, False, True]]
         assert ctl.store.batch_io_v2(IoOp.GET, [t]) == [[True, False, True]]
         want = [t.clone() for t in page_slice(kv, 1)]
@@ -211,7 +212,7 @@ def test_v2_partial_results_per_page(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("publish", ["tmpfile", "rename"])
-def test_set_skips_present_keys(tmp_path, publish: str) -> None:
+def test_set_skips_present_keys(tmp_path: Path, publish: str) -> None:
     opts = {"publish": publish}
     a, b = open_store(config(tmp_path, options=opts)), open_store(config(tmp_path, options=opts))
     first = torch.full((64,), 1, dtype=torch.uint8)

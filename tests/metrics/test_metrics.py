@@ -240,7 +240,14 @@ def test_v1_accounting_any_key_order_and_foreign_keys(memory_backends) -> None:
         ix_keys = store.page_keys(PoolName.INDEXER, hs)
         views = kv.page_views(range(3))
         keys = [kv_keys[2][1], ix_keys[0][0], kv_keys[0][0], kv_keys[2][0], ix_keys[1][0], kv_keys[0][1]]
-        bufs = [views[2][1], idx.page_views([0])[0][0], views[0][0], views[2][0], idx.page_views([1])[0][0], views[0][1]]
+        bufs = [
+            views[2][1],
+            idx.page_views([0])[0][0],
+            views[0][0],
+            views[2][0],
+            idx.page_views([1])[0][0],
+            views[0][1],
+        ]
         keys.append("foreign-scheme-key")
         bufs.append(torch.zeros(10, dtype=torch.uint8))
         store.batch_io_v1("set", keys, bufs)

@@ -14,23 +14,7 @@ import hicache_core as hc
 # Known bugs: (innermost hicache frame "module.function", exception type) -> bug id. Each has a
 # strict-xfail regression test in test_hostile_input.py and a proposed fix in the report; an
 # escape with any other signature fails the fuzz tests.
-KNOWN: dict[tuple[str, str], str] = {
-    ("_store.batch_io_v1", "ValueError"): "K1-op",
-    ("_store.batch_io_v2", "ValueError"): "K1-op",
-    ("_store.page_keys", "ValueError"): "K2-pool-name",
-    ("_store.register_pool", "ValueError"): "K2-pool-name",
-    ("_store.page_keys", "TypeError"): "K3-not-a-sequence",
-    ("_controller._check_hashes", "TypeError"): "K3-not-a-sequence",
-    ("_pools.check_indices", "TypeError"): "K4-host-indices",
-    ("_pools.check_indices", "ValueError"): "K4-host-indices",
-    ("_pools.<listcomp>", "TypeError"): "K4-host-indices",
-    ("_pools.<listcomp>", "ValueError"): "K4-host-indices",
-    ("_controller._plans", "ValueError"): "K2-pool-name",
-    ("_controller._prepare_query", "TypeError"): "K8-trailing-window",
-    ("_config._lift_flat_controller_fields", "TypeError"): "K5-config-controller",
-    ("_config.load_config", "TypeError"): "K6-config-options-merge",
-    ("<backend>", "*"): "K7-store-unwrapped-backend-error",
-}
+KNOWN: dict[tuple[str, str], str] = {}  # all found bugs (K1-K8) are fixed; keep empty
 
 
 def signature(err: BaseException) -> tuple[str, str]:

@@ -432,13 +432,7 @@ def test_fuzz_config_files_and_env(tmp_path: Path, long_mode: bool, record_prope
     _finish(record_property, "hostile-config", [files_t, env_t, raw_t])
 
 
-# --------------------------------------------------- the known bugs, one by one
-def _xfail(bug: str, fix: str) -> Any:
-    return pytest.mark.xfail(
-        strict=True, raises=AssertionError, reason=f"{bug}: {fix} (see the reliability report)"
-    )
-
-
+# ------------------------------------- regressions for bugs the fuzzing found (K1-K8)
 def _typed(fn: Any) -> None:
     try:
         fn()
@@ -448,59 +442,45 @@ def _typed(fn: Any) -> None:
         raise AssertionError(f"untyped {type(err).__name__}: {err}") from None
 
 
-@_xfail("K1-op", "Store.batch_io_v1/v2 must turn an unknown op into a typed error")
 def test_unknown_op_is_typed(memory) -> None:
     with hc.open_store(hc.StorageConfig(backend="memory")) as store:
         _typed(lambda: store.batch_io_v1("delete", ["k"], [torch.zeros(1, dtype=torch.uint8)]))
 
 
-@_xfail(
-    "K2-pool-name", "Store.page_keys/register_pool and CacheController._plans must type unknown pool names"
-)
 def test_unknown_pool_name_is_typed(memory) -> None:
     with hc.open_store(hc.StorageConfig(backend="memory")) as store:
         _typed(lambda: store.page_keys("bogus", [hex_hash("p", 0)]))
 
 
-@_xfail("K3-not-a-sequence", "page_keys / CacheController._check_hashes must type non-sequences")
 def test_non_sequence_hashes_are_typed(memory) -> None:
     kv = hc.MHAKVPool(2, 4, 1, 1, 8, allocate=False)
     with hc.CacheController(hc.StorageConfig(backend="memory"), hc.HostPoolGroup(kv)) as ctl:
         _typed(lambda: ctl.query(5))  # type: ignore[arg-type]
 
 
-@_xfail("K4-host-indices", "HostPool.check_indices must type indices that are not integers")
 def test_non_integer_host_indices_are_typed(memory) -> None:
     kv = hc.MHAKVPool(2, 4, 1, 1, 8, allocate=False)
     with hc.CacheController(hc.StorageConfig(backend="memory"), hc.HostPoolGroup(kv)) as ctl:
         _typed(lambda: ctl.backup([hex_hash("i", 0)], [None]))
 
 
-@_xfail(
-    "K5-config-controller", "StorageConfig._lift_flat_controller_fields must reject a non-mapping controller"
-)
 def test_non_mapping_controller_is_typed(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"batch_pages": 4, "controller": 5}))
     _typed(lambda: hc.load_config(path, environ={}))
 
 
-@_xfail("K6-config-options-merge", "load_config must not merge options that are not objects")
 def test_non_object_env_options_are_typed(tmp_path: Path) -> None:
     path = tmp_path / "c.json"
     path.write_text(json.dumps({"options": {"root": "/tmp/x"}}))
     _typed(lambda: hc.load_config(path, environ={"HICACHE_OPTIONS": "[1, 2]"}))
 
 
-@_xfail(
-    "K7-store-unwrapped-backend-error", "Store.batch_io_v1/v2 must wrap backend exceptions in BackendIOError"
-)
 def test_backend_exception_through_store_is_typed(memory) -> None:
     with hc.open_store(hc.StorageConfig(backend="memory")) as store:
         _typed(lambda: store.batch_io_v1("set", [["unhashable"]], [torch.zeros(1, dtype=torch.uint8)]))
 
 
-@_xfail("K8-trailing-window", "CacheController._prepare_query must type a non-integer trailing_window")
 def test_non_integer_window_is_typed(memory) -> None:
     kv = hc.MHAKVPool(2, 4, 1, 1, 8, allocate=False)
     with hc.CacheController(hc.StorageConfig(backend="memory"), hc.HostPoolGroup(kv)) as ctl:

@@ -198,13 +198,6 @@ def test_abandoned_calls_do_not_starve_the_controller(rogue) -> None:
     assert elapsed < 30 * 0.2 + 5, f"timed-out calls queue behind each other: {elapsed:.1f}s"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core bug: Store._check_flags calls len() on each per-transfer entry of a v2 result "
-    "without checking its type, so a v2 hook returning e.g. [1] raises TypeError instead of "
-    "BackendContractError (the controller still fails the pages, but with an untyped error). "
-    "Fix proposed in the reliability report.",
-)
 def test_v2_result_of_non_lists_is_a_contract_error(rogue) -> None:
     kv = MHAKVPool(4, 4, 1, 1, 8)
     with hc.open_store(hc.StorageConfig(backend="rogue", options={"mode": "nonbool"})) as store:

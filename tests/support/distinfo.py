@@ -41,5 +41,5 @@ def installed_dist(
             sys.modules.pop(name, None)
         from hicache_core import _registry
 
-        _registry._cache.clear()
+        _registry.clear_caches()
         importlib.invalidate_caches()
