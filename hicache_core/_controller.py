@@ -8,6 +8,7 @@ the declared ``hicache_draft_io_capability`` (never from a backend name), and ru
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 
 from ._config import PrefetchPolicy, StorageConfig
 from ._errors import BackendTimeoutError, BatchShapeError, ConfigError, HiCacheError, PoolError
-from ._keys import check_page_hash
+from ._keys import check_page_hashes
 from ._pool_group import HostPoolGroup
 from ._pools import HostPool
 from ._results import QueryResult, TransferResult, leading_run
@@ -48,6 +49,9 @@ class _Plan:
     indices: list[int]
 
     def window(self, start: int, stop: int) -> _Plan:
+        pos = self.positions
+        if not pos or (pos[0] >= start and pos[-1] < stop):  # positions ascend
+            return self
         sel = [i for i, p in enumerate(self.positions) if start <= p < stop]
         return _Plan(self.name, self.pool, [self.positions[i] for i in sel], [self.indices[i] for i in sel])
 
@@ -216,8 +220,10 @@ class CacheController:
     def _io_v2(self, op: IoOp, plans: list[_Plan]) -> list[list[bool]]:
         transfers = []
         for p in plans:
-            hashes = [self._hashes[i] for i in p.positions]
-            keys = self.store.page_keys(p.name, hashes) if hashes else []
+            all_hashes = self._hashes
+            pos = p.positions
+            hashes = all_hashes if len(pos) == len(all_hashes) else [all_hashes[i] for i in pos]
+            keys = self._keys_for(p) if hashes else []
             transfers.append(
                 PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, tuple(keys))
             )
@@ -230,15 +236,11 @@ class CacheController:
         views: list[Any] = []
         ncomp = []
         for p in plans:
-            page_keys = (
-                self.store.page_keys(p.name, [self._hashes[i] for i in p.positions]) if p.positions else []
-            )
+            page_keys = self._keys_for(p) if p.positions else []
             ncomp.append(len(p.pool.components))
-            for k in page_keys:
-                keys.extend(k)
+            keys.extend(itertools.chain.from_iterable(page_keys))
             if op is not IoOp.EXISTS:
-                for v in p.pool.page_views(p.indices):
-                    views.extend(v)
+                views.extend(itertools.chain.from_iterable(p.pool.page_views(p.indices)))
         sizes = [len(p.positions) * c for p, c in zip(plans, ncomp)]
         flat = self._guard(
             op, lambda: [self.store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)], [len(keys)]
@@ -247,7 +249,7 @@ class CacheController:
         for size, c in zip(sizes, ncomp):
             part = flat[off : off + size]
             off += size
-            out.append([all(part[j : j + c]) for j in range(0, size, c)] if c > 1 else part)
+            out.append([all(t) for t in zip(*[part[k::c] for k in range(c)])] if c > 1 else part)
         return out
 
     def _bounded(self, call: Callable[[], T]) -> T:
@@ -348,8 +350,7 @@ class CacheController:
     ) -> Callable[[], TransferResult]:
         hashes = self._check_hashes(page_hashes)
         plans, draft = self._plans(len(hashes), host_indices, extra)
-        for h in hashes:
-            check_page_hash(h)
+        check_page_hashes(hashes)
         if kind == "backup":
             return lambda: self._scoped(self._run_backup, hashes, plans, draft)
         return lambda: self._scoped(self._run_prefetch, hashes, plans, draft, stop)
@@ -358,14 +359,23 @@ class CacheController:
         hashes = self._check_hashes(page_hashes)
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise BatchShapeError(f"trailing_window must be >= 1, got {window}")
-        for h in hashes:
-            check_page_hash(h)
+        check_page_hashes(hashes)
         return lambda: self._scoped(self._run_query, hashes, window)
 
     def _scoped(self, fn: Callable[..., T], *args: Any) -> T:
         # Per-thread scratch for hashes/errors so async operations never share state.
-        self._local.hashes, self._local.errors = None, []
+        self._local.hashes, self._local.errors, self._local.keycache = None, [], {}
         return fn(*args)
+
+    def _keys_for(self, p: _Plan) -> list[tuple[str, ...]]:
+        """Keys of ``p``'s pages, resolved through the hook once per page per operation."""
+        cache: dict[int, tuple[str, ...]] = self._local.keycache.setdefault(p.name, {})
+        todo = [i for i in p.positions if i not in cache]
+        if todo:
+            hashes = self._hashes
+            sub = hashes if len(todo) == len(hashes) else [hashes[i] for i in todo]
+            cache.update(zip(todo, self.store.page_keys(p.name, sub)))
+        return [cache[i] for i in p.positions]
 
     @property
     def _hashes(self) -> list[str]:

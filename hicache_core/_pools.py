@@ -214,7 +214,17 @@ class HostPool:
         idx = self.check_indices(indices)
         bufs = self.buffers()
         if self.layout is Layout.PAGE_FIRST:
-            return [tuple(b[i].view(-1) for b in bufs) for i in idx]
+            if not idx:
+                return []
+            runs = _runs(idx)  # one tensor op per run of consecutive pages, not per page
+            cols: list[list[torch.Tensor]] = []
+            for b in bufs:
+                flat = b.view(b.shape[0], -1)
+                col: list[torch.Tensor] = []
+                for start, stop in runs:
+                    col.extend(flat[start:stop].unbind(0))
+                cols.append(col)
+            return list(zip(*cols))
         return [tuple(b[:, i, :] for b in bufs) for i in idx]
 
     def page_meta(self, indices: Iterable[int]) -> list[tuple[tuple[int, int], ...]]:
@@ -239,6 +249,19 @@ class HostPool:
             f"layout={self.layout.value}, components={list(self.components)}, "
             f"page_nbytes={self.page_nbytes}, {state})"
         )
+
+
+def _runs(idx: list[int]) -> list[tuple[int, int]]:
+    """``[3, 4, 5, 9]`` -> ``[(3, 6), (9, 10)]``: half-open runs of consecutive indices."""
+    out = []
+    start = prev = idx[0]
+    for i in idx[1:]:
+        if i != prev + 1:
+            out.append((start, prev + 1))
+            start = i
+        prev = i
+    out.append((start, prev + 1))
+    return out
 
 
 def _checked_alloc(allocator: Allocator, nbytes: int) -> torch.Tensor:

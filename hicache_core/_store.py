@@ -236,7 +236,7 @@ class Store:
             raise BackendContractError(
                 f"backend {self.name!r}: {hook} returned None; it must return one bool per entry ({n})"
             )
-        if len(result) != n or not all(type(x) is bool for x in result):
+        if len(result) != n or (n and {*map(type, result)} != {bool}):
             raise BackendContractError(
                 f"backend {self.name!r}: {hook} must return a list of exactly {n} bools, got "
                 f"{len(result)} entries of types {sorted({type(x).__name__ for x in result})}"

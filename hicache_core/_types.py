@@ -156,7 +156,7 @@ class PoolTransfer:
         object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
         object.__setattr__(self, "host_indices", _as_int_tuple(self.host_indices))
         object.__setattr__(self, "page_hashes", tuple(self.page_hashes))
-        object.__setattr__(self, "keys", tuple(tuple(k) for k in self.keys))
+        object.__setattr__(self, "keys", tuple(map(tuple, self.keys)))
         n = len(self.page_hashes)
         if len(self.host_indices) != n:
             raise BatchShapeError(
@@ -176,4 +176,4 @@ def _as_int_tuple(values: Iterable[int] | Any) -> tuple[int, ...]:
     tolist = getattr(values, "tolist", None)
     if tolist is not None:
         values = tolist()
-    return tuple(int(v) for v in values)
+    return tuple(map(int, values))

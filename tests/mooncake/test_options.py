@@ -95,6 +95,10 @@ def test_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     # MOONCAKE_LOCAL_HOSTNAME wins over the legacy LOCAL_HOSTNAME
     monkeypatch.setenv("MOONCAKE_LOCAL_HOSTNAME", "node8")
     assert MooncakeOptions().local_hostname == "node8"
+    # a bad value names the variable
+    monkeypatch.setenv("MOONCAKE_PROTOCOL", "carrier-pigeon")
+    with pytest.raises(ValueError, match="MOONCAKE_PROTOCOL"):
+        MooncakeOptions()
 
 
 def test_sglang_config_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

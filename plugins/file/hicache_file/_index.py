@@ -3,7 +3,7 @@
 The index maps every page file this process knows about (found by the open-time scan or
 written since) to its size on disk, in least-recently-used order: a successful ``get`` or
 ``set`` moves a key to the young end; eviction pops from the old end. It lives in memory
-only (about 200 bytes per file); recency across restarts comes from file modification
+only (about 260 bytes per file, key included); recency across restarts comes from file modification
 times, which the scan sorts by.
 """
 
@@ -102,8 +102,9 @@ class ScanResult:
 def scan_root(root: str, temp_max_age_s: float) -> ScanResult:
     """Walk ``root/<namespace>/<shard>/`` once; return page files oldest-first by mtime.
 
-    Cost: one ``scandir`` per directory plus one ``stat`` per file (roughly 2-5 us per file
-    on a local SSD with a warm dentry cache; about 5 s per million pages). Temp files older
+    Cost: one ``scandir`` per directory plus one ``stat`` per file; measured 1.0 s for 20 000
+    files spread over one namespace's 4096 shards on a loaded 2-core VM (mostly per directory),
+    so roughly 1 s per namespace plus 5-10 us per file (~10 s per million). Temp files older
     than ``temp_max_age_s`` (left behind by killed writers) are deleted on the way; younger
     ones may belong to a live writer in another process and are kept. Files and directories
     vanishing during the walk (another process evicting or clearing) are skipped.

@@ -86,10 +86,38 @@ def resolve_device(device_name: str, tp_rank: int) -> str:
     return device_name
 
 
+def _check_protocol(value: str) -> str:
+    if value not in ("tcp", "rdma"):
+        raise ValueError(f"protocol must be 'tcp' or 'rdma', got {value!r}")
+    return value
+
+
+def _check_hostport(value: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected 'host:port', got {value!r}")
+    return value
+
+
+_ENV_CHECKS = {
+    "master_server_address": _check_hostport,
+    "client_server_address": _check_hostport,
+    "protocol": _check_protocol,
+    "global_segment_size": parse_size,
+    "local_buffer_size": parse_size,
+}
+
+
 def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for var, field in ENV_FIELDS:
         if field not in out and environ.get(var, "") != "":
+            check = _ENV_CHECKS.get(field)
+            if check is not None:
+                try:
+                    check(environ[var])
+                except ValueError as err:
+                    raise ValueError(f"environment variable {var}: {err}") from None
             out[field] = environ[var]
     path = environ.get(CONFIG_PATH_ENV, "")
     if path:
@@ -176,19 +204,12 @@ class MooncakeOptions(BaseModel):
     @field_validator("master_server_address", "client_server_address")
     @classmethod
     def _hostport(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        host, sep, port = value.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected 'host:port', got {value!r}")
-        return value
+        return None if value is None else _check_hostport(value)
 
     @field_validator("protocol")
     @classmethod
     def _protocol(cls, value: str) -> str:
-        if value not in ("tcp", "rdma"):
-            raise ValueError(f"protocol must be 'tcp' or 'rdma', got {value!r}")
-        return value
+        return _check_protocol(value)
 
     @model_validator(mode="before")
     @classmethod
