@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 import warnings
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -49,15 +50,12 @@ class _Plan:
     indices: list[int]
 
     def window(self, start: int, stop: int) -> _Plan:
+        """The part of this plan whose positions fall in ``[start, stop)`` (positions ascend)."""
         pos = self.positions
-        if not pos or (pos[0] >= start and pos[-1] < stop):  # positions ascend
+        if not pos or (pos[0] >= start and pos[-1] < stop):
             return self
-        sel = [i for i, p in enumerate(self.positions) if start <= p < stop]
-        return _Plan(self.name, self.pool, [self.positions[i] for i in sel], [self.indices[i] for i in sel])
-
-
-class _Failed(Exception):
-    """Internal: a backend call failed; the message is already logged and recorded."""
+        lo, hi = bisect_left(pos, start), bisect_left(pos, stop)
+        return _Plan(self.name, self.pool, pos[lo:hi], self.indices[lo:hi])
 
 
 class CacheController:
@@ -447,6 +445,7 @@ class CacheController:
         assert self._draft_io_fn is not None
         saved = list(self._errors)
         out = [False] * len(draft.positions)
+        base = draft.positions[0] if draft.positions else 0
         try:
             for start, stop in self._chunks(len(self._hashes)):
                 part = draft.window(start, stop)
@@ -456,7 +455,7 @@ class CacheController:
                     ex = self._draft_io_fn(IoOp.EXISTS, [part])[0]
                     todo = [i for i, e in enumerate(ex) if not e]
                     for i, e in enumerate(ex):
-                        out[part.positions[i]] = e
+                        out[part.positions[i] - base] = e
                     if not todo:
                         continue
                     part = _Plan(
@@ -466,7 +465,7 @@ class CacheController:
                         [part.indices[i] for i in todo],
                     )
                 for pos, ok in zip(part.positions, self._draft_io_fn(op, [part])[0]):
-                    out[pos] = ok
+                    out[pos - base] = ok
         except Exception as err:  # never let draft break the target path
             log.error("hicache: draft %s failed on backend %r: %s", op.value, self.store.name, err)
         draft_errors = self._errors[len(saved) :]
@@ -531,6 +530,8 @@ class CacheController:
         self._local.hashes = hashes
         n = len(hashes)
         windows = [len(p.positions) for p in plans if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
+        if not windows and self.settings.prefetch_threshold <= 1:
+            return self._prefetch_direct(n, plans, draft, stop)
         probe = [_Plan(p.name, p.pool, list(range(n)), [0] * n) for p in plans]
         found = self._exists_all(hashes, probe) if n else {p.name: [] for p in plans}
         pages, _ = self._restorable(probe, found, max(windows, default=1)) if n else (0, {})
@@ -563,6 +564,34 @@ class CacheController:
             draft=draft_flags,
             errors=tuple(self._errors),
         )
+
+    def _prefetch_direct(
+        self, n: int, plans: list[_Plan], draft: _Plan | None, stop: threading.Event | None
+    ) -> TransferResult:
+        """Prefetch without an existence pass: GET batch by batch, stop after the first miss.
+
+        Only for requests without trailing-state pools: a GET that fails is a miss, and the
+        leading run of fully read pages is the usable prefix. At most one batch past the end of
+        the prefix is read in vain; the existence round trip is saved on every batch.
+        """
+        flags = {p.name: [False] * len(p.positions) for p in plans}
+        draft_flags: list[bool] | None = [] if draft is not None else None
+        for start, end in self._chunks(n):
+            if stop is not None and stop.is_set():
+                break
+            if draft is not None and draft_flags is not None:
+                draft_flags += self._draft_op(IoOp.GET, draft.window(start, end))  # draft first
+            chunk = [c for c in (p.window(start, end) for p in plans) if c.positions]
+            complete = True
+            for c, ok in zip(chunk, self._io(IoOp.GET, chunk)):
+                self._mark(flags, plans, c, ok)
+                complete = complete and all(ok)
+            if not complete:
+                break
+        pages = self._usable(plans, flags, n)
+        if draft is not None and draft_flags is not None:
+            draft_flags += [False] * (len(draft.positions) - len(draft_flags))  # batches not reached
+        return TransferResult(pages=pages, per_pool=flags, draft=draft_flags, errors=tuple(self._errors))
 
     # ----------------------------------------------------------------- admin
     def clear(self) -> int:
