@@ -8,6 +8,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.distinfo import installed_dist
+
+try:  # real Mooncake process fixtures, declared once so every directory shares one master
+    from hicache_mooncake.testing import (  # noqa: F401
+        mooncake_master,
+        mooncake_master_factory,
+        mooncake_standalone,
+    )
+except ImportError:  # pragma: no cover - the mooncake plugin is part of the dev install
+    pass
 from tests.support.membackend import MEMORY_ENTRY_POINTS, SHARED
 
 

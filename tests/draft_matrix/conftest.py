@@ -7,7 +7,4 @@ Mooncake runs against a REAL ``mooncake_master`` started by the plugin's own fix
 
 from __future__ import annotations
 
-import contextlib
-
-with contextlib.suppress(ImportError):  # without the plugin, draft_util.backend_options skips
-    from hicache_mooncake.testing import mooncake_master  # noqa: F401  (session fixture)
+# ``mooncake_master`` (session) is declared in tests/conftest.py.

@@ -10,13 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hicache_mooncake.testing import (  # noqa: F401  (pytest fixtures)
-    MooncakeMaster,
-    MooncakeStandalone,
-    mooncake_master,
-    mooncake_master_factory,
-    mooncake_standalone,
-)
+from hicache_mooncake.testing import MooncakeMaster, MooncakeStandalone
+from mooncake_helpers import embedded_options
+
+# The process fixtures (mooncake_master, mooncake_standalone, mooncake_master_factory) are
+# declared once, in tests/conftest.py, so every test directory shares the same processes.
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -26,25 +24,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.mooncake)
 
 
-def embedded_options(master: MooncakeMaster, **kw: Any) -> dict[str, Any]:
-    opts: dict[str, Any] = {
-        "master_server_address": master.address,
-        "local_hostname": "127.0.0.1",
-        "global_segment_size": "256MB",
-        "local_buffer_size": "16MB",
-        "load_env": False,
-    }
-    opts.update(kw)
-    return opts
-
-
 @pytest.fixture
-def embedded_opts(mooncake_master: MooncakeMaster) -> dict[str, Any]:  # noqa: F811
+def embedded_opts(mooncake_master: MooncakeMaster) -> dict[str, Any]:
     return embedded_options(mooncake_master)
 
 
 @pytest.fixture
-def standalone_opts(mooncake_standalone: MooncakeStandalone) -> dict[str, Any]:  # noqa: F811
+def standalone_opts(mooncake_standalone: MooncakeStandalone) -> dict[str, Any]:
     return mooncake_standalone.options(load_env=False)
 
 

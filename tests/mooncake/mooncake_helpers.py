@@ -130,3 +130,15 @@ def roundtrip(ctl: CacheController, group: HostPoolGroup, n: int = 12, seed: int
     # a longer request: the stored prefix is restorable, the rest is not
     longer = [*hashes, *rand_hashes(3)]
     assert ctl.query(longer).pages == n
+
+
+def embedded_options(master: Any, **kw: Any) -> dict[str, Any]:
+    opts: dict[str, Any] = {
+        "master_server_address": master.address,
+        "local_hostname": "127.0.0.1",
+        "global_segment_size": "256MB",
+        "local_buffer_size": "16MB",
+        "load_env": False,
+    }
+    opts.update(kw)
+    return opts

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import embedded_options
 from hicache_mooncake.testing import MooncakeMaster, MooncakeStandalone
+from mooncake_helpers import embedded_options
 
 from hicache_core.testing import BackendConformance
 

@@ -7,10 +7,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
-from conftest import embedded_options
 from hicache_mooncake import close_idle_connections
 from hicache_mooncake.testing import MooncakeStandalone, free_ports
-from mooncake_helpers import fill, make_config, make_group, rand_hashes, snapshot, zero
+from mooncake_helpers import embedded_options, fill, make_config, make_group, rand_hashes, snapshot, zero
 
 from hicache_core import (
     BackendIOError,

@@ -9,9 +9,8 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import embedded_options
 from hicache_mooncake.testing import MooncakeMaster
-from mooncake_helpers import fill, make_config, make_group, rand_hashes, roundtrip
+from mooncake_helpers import embedded_options, fill, make_config, make_group, rand_hashes, roundtrip
 
 from hicache_core import (
     BatchShapeError,

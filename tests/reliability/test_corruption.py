@@ -250,12 +250,6 @@ def test_mooncake_checksum_surfaces_corruption_per_page(record_property) -> None
 
 
 @pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
-@pytest.mark.xfail(
-    strict=True,
-    reason="hicache_hf3fs_stub bug: a slot that fails its CRC stays in the key->slot index, so "
-    "exists/query keep reporting the page, the next backup skips it and it is never readable "
-    "again; nothing counts it (no integrity_errors). Fix proposed in the reliability report.",
-)
 def test_hf3fs_corrupt_page_is_counted_and_rewritable(tmp_path: Path) -> None:
     hashes = [hex_hash("hf3fs-heal", i) for i in range(2)]
     with _open("hf3fs", tmp_path, 4) as ctl:

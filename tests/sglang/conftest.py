@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hicache_mooncake.testing import MooncakeMaster, mooncake_master  # noqa: F401 (pytest fixture)
+from hicache_mooncake.testing import MooncakeMaster  # mooncake_master: tests/conftest.py
 
 # The REAL SGLang package (installed by integrations/sglang/setup-dev.sh); a missing one fails loudly.
 from sglang_helpers import ADAPTER_LOADER, create
