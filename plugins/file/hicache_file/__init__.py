@@ -7,10 +7,11 @@ See ``plugins/file/README.md`` for the options and the on-disk format.
 
 from __future__ import annotations
 
-from ._backend import FileBackend, FileStats
+from ._backend import FileBackend
 from ._errors import FileRootError
 from ._format import FORMAT_VERSION
 from ._options import FileOptions, default_root
+from ._stats import FileStats
 
 __all__ = ["FORMAT_VERSION", "FileBackend", "FileOptions", "FileRootError", "FileStats", "default_root"]
 __version__ = "0.1.0"

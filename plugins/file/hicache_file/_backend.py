@@ -25,87 +25,40 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from functools import partial
 from itertools import chain, repeat
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hicache_core import (
     BatchShapeError,
     Capabilities,
     DraftIo,
     DraftIoMode,
-    HostPool,
     IoOp,
     PoolError,
     PoolName,
-    PoolTransfer,
-    StorageConfig,
     check_key,
     hookimpl,
 )
+
+if TYPE_CHECKING:  # heavy (torch / pydantic); annotations only
+    from hicache_core import HostPool, PoolTransfer, StorageConfig
 
 from . import _format as fmt
 from ._index import LruIndex, scan_root
 from ._options import FileOptions
 from ._pool_io import PoolIo, Post, tensor_iov
 from ._publish import fsync_dir, open_root
+from ._stats import FileStats, _Tally
 
-__all__ = ["FileBackend", "FileStats"]
+__all__ = ["FileBackend"]
 
 log = logging.getLogger("hicache.file")
 
 _RFLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_MAX = 1 << 15
 _FH = fmt.FIXED_HEADER
-
-
-@dataclass
-class FileStats:
-    """Counters of one backend instance (a snapshot; read ``backend.stats``)."""
-
-    exists_checks: int = 0
-    gets: int = 0
-    hits: int = 0
-    misses: int = 0
-    integrity_errors: int = 0
-    size_mismatches: int = 0
-    read_errors: int = 0
-    sets: int = 0
-    writes: int = 0
-    skipped_writes: int = 0
-    write_errors: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    evictions: int = 0
-    evicted_bytes: int = 0
-    cleared: int = 0
-    temp_files_removed: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return asdict(self)
-
-
-class _Tally:
-    """Per-range accumulator (one per worker), merged into :class:`FileStats` per batch."""
-
-    __slots__ = ("counts", "errors", "first_error", "gone", "touched")
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.errors = 0
-        self.first_error = ""
-        self.touched: list[tuple[str, int]] = []  # (key, bytes on disk) now most recent
-        self.gone: list[str] = []  # keys whose files are gone
-
-    def add(self, name: str, n: int = 1) -> None:
-        self.counts[name] = self.counts.get(name, 0) + n
-
-    def error(self, name: str, err: OSError, path: str) -> None:
-        self.add(name)
-        self.errors += 1
-        if not self.first_error:
-            self.first_error = f"{path}: [Errno {err.errno}] {err.strerror or err}"
 
 
 class FileBackend:

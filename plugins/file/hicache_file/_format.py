@@ -28,9 +28,10 @@ Every file is a fixed 24-byte header, the key, then the payload::
     24      klen  the key (ASCII), so a misplaced or colliding file is detected
     24+klen n     payload (the page component bytes, layer-major)
 
-Files are published by writing ``.tmp-*`` in the leaf directory and renaming it over the
-final name, so a reader never sees a torn page. Names starting with ``.tmp-`` are never
-pages; keys never start with ``.`` (see :func:`hicache_core.check_key`).
+Files appear under their final name in one step (an ``O_TMPFILE`` inode linked to it, or a
+``.tmp-*`` file renamed over it; see :mod:`hicache_file._publish`), so a reader never sees a
+torn page. Names starting with ``.tmp-`` are never pages; keys never start with ``.`` (see
+:func:`hicache_core.check_key`).
 """
 
 from __future__ import annotations

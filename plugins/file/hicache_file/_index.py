@@ -3,8 +3,8 @@
 The index maps every page file this process knows about (found by the open-time scan or
 written since) to its size on disk, in least-recently-used order: a successful ``get`` or
 ``set`` moves a key to the young end; eviction pops from the old end. It lives in memory
-only (about 260 bytes per file, key included); recency across restarts comes from file modification
-times, which the scan sorts by.
+only (about 260 bytes per file, key included); recency across restarts comes from file
+modification times, which the scan sorts by.
 """
 
 from __future__ import annotations

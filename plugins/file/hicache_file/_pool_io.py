@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from hicache_core import BatchShapeError, Layout
 
-from hicache_core import BatchShapeError, HostPool, Layout
+if TYPE_CHECKING:  # torch loads on first I/O, so listing backends stays fast
+    import torch
+
+    from hicache_core import HostPool
 
 __all__ = ["MAX_IOV", "PoolIo", "Post", "tensor_iov"]
 
@@ -29,7 +32,7 @@ try:
 except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
     MAX_IOV = 14
 
-Post = tuple[torch.Tensor, torch.Tensor]
+Post = tuple["torch.Tensor", "torch.Tensor"]
 """``(destination view, scratch)``: after a successful read, copy scratch into the view."""
 
 
@@ -41,6 +44,8 @@ def tensor_iov(t: Any, for_read: bool) -> tuple[list[Any], Post | None]:
     it afterwards). Raises :class:`BatchShapeError` for a non-tensor, a non-uint8 dtype or a
     non-CPU device.
     """
+    import torch
+
     if not isinstance(t, torch.Tensor):
         raise BatchShapeError(f"buffers must be torch.uint8 CPU tensors, got {type(t).__name__}")
     if t.dtype != torch.uint8 or t.device.type != "cpu":
@@ -70,6 +75,8 @@ class PoolIo:
         self._flat: list[tuple[memoryview, int, int, int]] = []
 
     def _prepare(self, bufs: tuple[torch.Tensor, ...]) -> None:
+        import torch
+
         self._src = bufs
         self._mode = "generic"
         self._flat = []

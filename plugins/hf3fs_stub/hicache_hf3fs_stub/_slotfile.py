@@ -24,6 +24,15 @@ header (key, sequence, length), the payload CRC32 and re-read the header after t
 (a seqlock), so a slot overwritten by another process while being read is a miss, never
 wrong bytes. Data survives process crashes; set ``fsync`` to also survive power loss.
 
+A read that fails verification for any other reason is re-checked under the writer lock (no
+writer can be mid-write then) after tailing the log. If the index still maps the key to the same
+slot and sequence number and the slot still fails -- a bad header, a header naming another
+page, or a payload CRC mismatch -- the slot is *corrupt*: it is released (a ``FREE`` record, as
+eviction does) so the page stops being reported and the next write stores it again, the
+per-file counter :attr:`SlotFile.integrity_errors` grows and a WARNING names the key. A valid
+header for the key whose length differs from the requested size is a caller mismatch, not
+corruption: a plain miss. ``exists`` reads the index only (no slot I/O).
+
 Eviction is least-recently-used over this process's view (hits of exists/get/set refresh a
 slot; pages written by other processes count as used when this process first sees them);
 after a restart the order starts from write order (sequence numbers).
@@ -66,6 +75,9 @@ _PUT, _FREE = 1, 2
 _HDR = struct.Struct("<4sBxHQQII")  # magic, state, key length, payload length, seq, payload crc, hdr crc
 _HDR_MAGIC = b"H3SL"
 _VALID, _INVALID = 1, 0
+
+# Outcomes of one slot read (see SlotFile._read_slot).
+_OK, _SIZE, _CHANGED, _SUSPECT = 0, 1, 2, 3
 
 
 def slot_stride(capacity: int) -> int:
@@ -155,6 +167,8 @@ class SlotFile:
             raise
         self._scratch = bytearray(HEADER_SIZE + self.geometry.capacity)
         self._check = bytearray(HEADER_SIZE)
+        self.integrity_errors = 0
+        """Pages of this file found corrupt by this process (released and reported as misses)."""
 
     # ------------------------------------------------------------ public API
     @property
@@ -184,7 +198,9 @@ class SlotFile:
 
         A page is delivered only if its slot header names this key and sequence number, its
         length is exactly ``nbytes``, its payload CRC matches and the header did not change
-        while the payload was read.
+        while the payload was read. A page that fails for another reason than a concurrent
+        overwrite or a size mismatch is confirmed under the writer lock and, if corrupt,
+        released and counted (module docstring).
         """
         with self._lock:
             self._tail()
@@ -193,7 +209,9 @@ class SlotFile:
                 ent = self._index.get(key)
                 if ent is None or nbytes > self.geometry.capacity:
                     continue
-                payload = self._read_slot(ent[0], key.encode(), ent[1], nbytes)
+                status, payload = self._read_slot(ent[0], key.encode(), ent[1], nbytes)
+                if status == _SUSPECT:
+                    payload = self._confirm(key, ent, nbytes)
                 if payload is None:
                     continue
                 deliver(i, payload)
@@ -514,17 +532,51 @@ class SlotFile:
             n += os.pwrite(self._fd, payload[n:], off + HEADER_SIZE + n)
         os.pwrite(self._fd, _pack_header(_VALID, key, len(payload), seq, _crc(payload)), off)
 
-    def _read_slot(self, slot: int, key: bytes, seq: int, nbytes: int) -> memoryview | None:
+    def _read_slot(self, slot: int, key: bytes, seq: int, nbytes: int) -> tuple[int, memoryview | None]:
+        """``(_OK, payload)``, or ``(reason, None)``: ``_SIZE`` (a valid header for this page
+        with another length), ``_CHANGED`` (the header changed while the payload was read: a
+        concurrent overwrite) or ``_SUSPECT`` (short read, bad or foreign header, CRC mismatch:
+        corrupt, unless the index is stale -- :meth:`_confirm` decides)."""
         off = self.slot_offset(slot)
         view = memoryview(self._scratch)[: HEADER_SIZE + nbytes]
         if os.preadv(self._fd, [view], off) != len(view):
-            return None
+            return _SUSPECT, None
         head = _unpack_header(view)
-        if head is None or head != (_VALID, key, nbytes, seq, head[4]):
-            return None
+        if head is None or head[:2] != (_VALID, key) or head[3] != seq:
+            return _SUSPECT, None
+        if head[2] != nbytes:
+            return _SIZE, None
         payload = view[HEADER_SIZE:]
-        if _crc(payload) != head[4]:
-            return None
+        crc_ok = _crc(payload) == head[4]
         if os.preadv(self._fd, [self._check], off) != HEADER_SIZE or self._check != view[:HEADER_SIZE]:
-            return None  # rewritten while we read it
-        return payload
+            return _CHANGED, None  # rewritten while we read it
+        return (_OK, payload) if crc_ok else (_SUSPECT, None)
+
+    def _confirm(self, key: str, ent: tuple[int, int], nbytes: int) -> memoryview | None:
+        """Re-read a suspect slot with no writer active; release it if it is really corrupt.
+
+        Returns the payload if the re-read verifies (the first read raced a writer), ``None``
+        otherwise. Called with ``self._lock`` held.
+        """
+        slot, seq = ent
+        with self._writer():
+            self._tail(repair=True)
+            if self._index.get(key) != ent:
+                return None  # freed or rewritten by another process meanwhile: a plain miss
+            status, payload = self._read_slot(slot, key.encode(), seq, nbytes)
+            if status != _SUSPECT:
+                return payload  # _OK, or a size mismatch (None)
+            self._seq += 1
+            self._append(_record(_FREE, slot, self._seq))
+            self._unmap(slot)
+            self._free.add(slot)
+            self._maybe_compact()
+        self.integrity_errors += 1
+        log.warning(
+            "hicache hf3fs: corrupt page %r in slot %d of %s (bad slot header or payload CRC); "
+            "released it, so it is a miss and the next backup rewrites it",
+            key,
+            slot,
+            self.path,
+        )
+        return None

@@ -21,6 +21,10 @@ metadata kept next to the file in a crash-safe index log (see :mod:`._slotfile`)
 * **Crash safety, sharing.** See :mod:`._slotfile`: a crash mid-write gives a miss, never wrong
   bytes; writers serialise with ``flock`` and readers tail the index log, so several processes
   (MLA ranks, a restarted server) can share the files.
+* **Integrity.** A slot that fails its header or payload CRC check on a read (not a
+  concurrent overwrite) is released, logged (WARNING, naming the key) and counted in
+  :attr:`Hf3fsBackend.integrity_errors`, which the core's ``metrics`` extension reports; the
+  page is a miss and the next backup rewrites it.
 * **Draft KV** is not offloaded (``unsupported``): slots are sized for the target pages.
 """
 
@@ -140,6 +144,13 @@ class Hf3fsBackend:
         self._files: dict[str, SlotFile] = {}
         self._lock = threading.Lock()
         self._closed = False
+        self._closed_integrity_errors = 0  # counted by files already closed
+
+    @property
+    def integrity_errors(self) -> int:
+        """Pages found corrupt by this store (released, logged and reported as misses)."""
+        with self._lock:
+            return self._closed_integrity_errors + sum(f.integrity_errors for f in self._files.values())
 
     # ----------------------------------------------------------------- files
     def path_for(self, tag: str) -> Path:
@@ -318,6 +329,7 @@ class Hf3fsBackend:
         with self._lock:
             self._closed = True
             files, self._files = list(self._files.values()), {}
+            self._closed_integrity_errors += sum(f.integrity_errors for f in files)
         for f in files:
             f.close()
 

@@ -2,11 +2,15 @@
 
 It adds the per-store behaviour: chunked batch calls (``max_keys_per_call`` <= 2048, because
 larger TCP batches hit lane-queue rejections and a 60 s transfer timeout), put vs. upsert
-(``overwrite``), the replica count, and ownership of registered memory.
+(``overwrite``), the replica count, ownership of registered memory, and the handling of
+corrupt objects: a get answered ``CHECKSUM_MISMATCH`` (-801, only when Mooncake's object
+checksums are on) is a miss, counted in :attr:`StoreLink.integrity_errors`, logged and
+force-removed so the key stops existing and the next backup rewrites it.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -14,13 +18,16 @@ from typing import Any
 
 from hicache_core import BackendIOError
 
-from ._connection import Connection, acquire, release
-from ._options import MooncakeOptions
+from ._connection import Connection, acquire, process_checksum, release
+from ._options import CHECKSUM_ENV, MooncakeOptions
 
-__all__ = ["DOWN_CODES", "OBJECT_NOT_FOUND", "RPC_FAIL", "StoreLink"]
+__all__ = ["CHECKSUM_MISMATCH", "DOWN_CODES", "OBJECT_NOT_FOUND", "RPC_FAIL", "StoreLink"]
+
+log = logging.getLogger("hicache.mooncake")
 
 RPC_FAIL = -900
 OBJECT_NOT_FOUND = -704
+CHECKSUM_MISMATCH = -801  # get of an object whose bytes fail its CRC-64 (checksums on)
 # codes meaning "the service did not answer": RPC_FAIL, and -1 (batch_is_exist in dummy mode)
 DOWN_CODES = frozenset({RPC_FAIL, -1})
 INFLIGHT_WAIT_S = 60.0  # bound on waiting for another thread's put of the same key
@@ -44,6 +51,34 @@ class StoreLink:
         self._cfg = self.conn.module.ReplicateConfig()
         self._cfg.replica_num = options.replica_num
         self._closed = False
+        self.integrity_errors = 0
+        """Objects this store read that failed Mooncake's checksum (reported as misses, removed)."""
+        self._count_lock = threading.Lock()
+        self._check_checksum_setting()
+
+    def _check_checksum_setting(self) -> None:
+        """Say when ``options.checksum`` cannot take effect (the setting is process-wide)."""
+        if self.standalone:
+            if self.options.checksum:
+                log.info(
+                    "hicache mooncake: checksum=True in standalone mode: objects are verified only if "
+                    "the mooncake_client at %s runs with %s=1 (its own setting, not this process's)",
+                    self.options.client_server_address,
+                    CHECKSUM_ENV,
+                )
+            return
+        state = process_checksum()
+        if state is not None and state != self.options.checksum:
+            log.warning(
+                "hicache mooncake: checksum=%s is not in effect: Mooncake reads %s once per process, "
+                "when the first client is created, and this process's clients %s object checksums "
+                "(the setting is process-wide: use the same checksum option for every store of the "
+                "process, or set %s before it starts)",
+                self.options.checksum,
+                CHECKSUM_ENV,
+                "verify" if state else "do not verify",
+                CHECKSUM_ENV,
+            )
 
     # ------------------------------------------------------------- memory
     def covers(self, ptr: int, size: int) -> bool:
@@ -143,7 +178,41 @@ class StoreLink:
         keys, ptrs, sizes = list(keys), list(ptrs), list(sizes)
         fn = self.store.batch_get_into
         codes = self._run(len(keys), lambda a, b: fn(keys[a:b], ptrs[a:b], sizes[a:b]), "batch_get_into")
+        return self._read_flags(keys, codes, sizes)
+
+    def _read_flags(self, keys: list[str], codes: list[int], sizes: Sequence[int]) -> list[bool]:
+        """True where exactly the expected bytes arrived; corrupt objects are handled on the way."""
+        if CHECKSUM_MISMATCH in codes:
+            self._corrupt([k for k, c in zip(keys, codes) if c == CHECKSUM_MISMATCH])
         return [c == s for c, s in zip(codes, sizes)]
+
+    def _corrupt(self, keys: list[str]) -> None:
+        """Count, log and force-remove objects that failed their checksum."""
+        bad = list(dict.fromkeys(keys))  # a key twice in one batch is one corrupt object
+        with self._count_lock:
+            self.integrity_errors += len(bad)
+        for key in bad:
+            log.warning(
+                "hicache mooncake: corrupt object %r (CHECKSUM_MISMATCH from %s); reported as a miss "
+                "and removed, so the next backup rewrites it",
+                key,
+                self.where,
+            )
+        step = self.options.max_keys_per_call
+        for start in range(0, len(bad), step):
+            part = bad[start : start + step]
+            try:
+                codes = list(self.store.batch_remove(part, True))
+            except Exception as err:  # the read already failed safely; removal is best effort
+                log.warning("hicache mooncake: batch_remove of %d corrupt object(s) failed: %s", len(part), err)
+                continue
+            failed = {k: c for k, c in zip(part, codes) if c not in (0, OBJECT_NOT_FOUND)}
+            if failed:
+                log.warning(
+                    "hicache mooncake: could not remove corrupt object(s) %s; they stay reported as "
+                    "existing until removed (hicache clear) or evicted",
+                    failed,
+                )
 
     def put_ranges(
         self, keys: Sequence[str], ptrs: Sequence[list[int]], sizes: Sequence[list[int]]
@@ -161,7 +230,7 @@ class StoreLink:
         keys = list(keys)
         fn = self.store.batch_get_into_multi_buffers
         codes = self._run(len(keys), lambda a, b: fn(keys[a:b], list(ptrs[a:b]), list(sizes[a:b])), "get")
-        return [c == sum(s) for c, s in zip(codes, sizes)]
+        return self._read_flags(keys, codes, [sum(s) for s in sizes])
 
     def remove_prefix(self, prefix: str) -> int:
         """Remove (force) every object whose key starts with ``prefix``; returns the count."""

@@ -17,6 +17,10 @@ Measured facts this module is built on (see the project's Mooncake reference):
   or by :func:`close_idle_connections`.
 * In standalone (dummy) mode only memory from ``alloc_from_mem_pool`` can be registered, with
   exactly the returned ``(ptr, size)``.
+* Object checksums (CRC-64, ``MOONCAKE_STORE_CHECKSUM``) are read ONCE per process, when its
+  first client is created, and apply to every client of the process; in standalone mode the
+  ``mooncake_client`` process computes and verifies them, so only its environment counts.
+  Objects stored without a checksum stay readable by verifying clients and vice versa.
 """
 
 from __future__ import annotations
@@ -37,9 +41,17 @@ from typing import Any
 
 from hicache_core import BackendIOError, BackendTimeoutError, BackendUnavailableError
 
-from ._options import MooncakeOptions, resolve_device
+from ._options import CHECKSUM_ENV, MooncakeOptions, checksum_enabled, resolve_device
 
-__all__ = ["Connection", "HealthGate", "acquire", "close_idle_connections", "import_store", "tcp_probe"]
+__all__ = [
+    "Connection",
+    "HealthGate",
+    "acquire",
+    "close_idle_connections",
+    "import_store",
+    "process_checksum",
+    "tcp_probe",
+]
 
 log = logging.getLogger("hicache.mooncake")
 
@@ -75,6 +87,31 @@ def tcp_probe(address: str, timeout: float) -> str | None:
             return None
     except OSError as err:
         return err.strerror or type(err).__name__
+
+
+_process_checksum: bool | None = None  # fixed when this process creates its first embedded client
+
+
+def _prepare_checksum(options: MooncakeOptions) -> None:
+    """Before an embedded client is created: ask for object checksums if ``options.checksum``
+    (unless ``MOONCAKE_STORE_CHECKSUM`` is already set) and record the process-wide setting
+    Mooncake will read. Only the first call of a process has an effect."""
+    global _process_checksum
+    with _ENV_LOCK:
+        if _process_checksum is not None:
+            return
+        if options.checksum:
+            os.environ.setdefault(CHECKSUM_ENV, "1")
+        _process_checksum = checksum_enabled(os.environ.get(CHECKSUM_ENV))
+        if _process_checksum:
+            log.info("hicache mooncake: object checksums (CRC-64) on for this process's Mooncake clients")
+
+
+def process_checksum() -> bool | None:
+    """Whether this process's embedded Mooncake clients verify object checksums (``None``: no
+    embedded client created yet). A Mooncake client created outside this plugin before the
+    first one of the plugin is not seen."""
+    return _process_checksum
 
 
 @contextlib.contextmanager
@@ -253,6 +290,8 @@ class Connection:
             why = tcp_probe(target, max(0.05, min(o.probe_timeout_s, deadline - time.monotonic())))
         if o.check_server and not self.standalone:
             self._wait_health(deadline)
+        if not self.standalone:
+            _prepare_checksum(o)
         store = self.module.MooncakeDistributedStore()
         with _limited_setup_retries():
             if self.standalone:
