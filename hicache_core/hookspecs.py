@@ -98,7 +98,8 @@ def hicache_batch_io_v1(op: IoOp, keys: Sequence[str], buffers: Sequence[torch.T
     and ``SET`` it has one ``torch.uint8`` CPU tensor per key: a view of one page component
     in a host pool (it may be non-contiguous for ``layer_first`` pools). ``GET`` fills the
     view in place; ``SET`` reads it. A stored object whose size differs from the buffer is a
-    miss (``False``), never a partial copy.
+    miss (``False``). After ``False`` the buffer's content is unspecified (a backend may read
+    in place), and the controller never reports that page as loaded.
 
     Returns one bool per key: ``EXISTS`` -> the object is present and readable; ``GET`` ->
     the buffer now holds the object's bytes; ``SET`` -> the object is durably published (an
