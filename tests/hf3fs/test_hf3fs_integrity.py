@@ -95,7 +95,9 @@ def test_size_mismatch_is_a_plain_miss(tmp_path: Path) -> None:
     sf.close()
 
 
-def test_stale_index_after_another_writer_reused_the_slot_is_not_corruption(tmp_path: Path) -> None:
+def test_stale_index_after_another_writer_reused_the_slot_is_not_corruption(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The other writer frees and reuses the slot between this reader's tail and its read."""
     a, b = _slotfile_at(tmp_path / "f.bin"), _slotfile_at(tmp_path / "f.bin")
     _put(a, "k.a")
@@ -112,10 +114,10 @@ def test_stale_index_after_another_writer_reused_the_slot_is_not_corruption(tmp_
             _put(b, "k.z")
             assert b.slot_of("k.z") == slot
 
-    a._tail = racing_tail  # type: ignore[method-assign]
+    monkeypatch.setattr(a, "_tail", racing_tail)
     assert _get(a, ["k.a"]) == [None]  # the header names k.z: suspect, then the log says freed
     assert a.integrity_errors == 0 and b.integrity_errors == 0
-    a._tail = real_tail  # type: ignore[method-assign]
+    monkeypatch.undo()
     assert a.exists(["k.a", "k.z"]) == [False, True]
     assert _get(a, ["k.z"]) == [pattern("k.z", NB)]
     a.close()

@@ -204,7 +204,9 @@ class StoreLink:
             try:
                 codes = list(self.store.batch_remove(part, True))
             except Exception as err:  # the read already failed safely; removal is best effort
-                log.warning("hicache mooncake: batch_remove of %d corrupt object(s) failed: %s", len(part), err)
+                log.warning(
+                    "hicache mooncake: batch_remove of %d corrupt object(s) failed: %s", len(part), err
+                )
                 continue
             failed = {k: c for k, c in zip(part, codes) if c not in (0, OBJECT_NOT_FOUND)}
             if failed:

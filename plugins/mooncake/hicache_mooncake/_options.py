@@ -113,7 +113,9 @@ def checksum_enabled(value: str | None) -> bool:
 
 def _check_checksum(value: str) -> str:
     if value.strip().lower() not in _CHECKSUM_ON + _CHECKSUM_OFF:
-        raise ValueError(f"expected one of {'/'.join(_CHECKSUM_ON)} or {'/'.join(_CHECKSUM_OFF)}, got {value!r}")
+        raise ValueError(
+            f"expected one of {'/'.join(_CHECKSUM_ON)} or {'/'.join(_CHECKSUM_OFF)}, got {value!r}"
+        )
     return value.strip()
 
 
@@ -221,9 +223,9 @@ class MooncakeOptions(BaseModel):
     checksum: bool = Field(
         False,
         description="embedded mode: have Mooncake CRC-64 every object (sets MOONCAKE_STORE_CHECKSUM=1 "
-        "before the process's first client; process-wide) so a corrupt object is a counted miss and "
-        "is removed; off by default: it cuts throughput ~15x on CPU hosts. Standalone: the "
-        "mooncake_client's own MOONCAKE_STORE_CHECKSUM decides",
+        "before the process's first client; process-wide) so a corrupt object is a counted, removed "
+        "miss; off by default: measured ~0.37 GB/s per direction with it, 4-20x slower than without. "
+        "Standalone: the mooncake_client's own MOONCAKE_STORE_CHECKSUM decides",
     )
     load_env: bool = Field(True, description="read MOONCAKE_* variables and the SGLang config file")
 
