@@ -190,13 +190,6 @@ def test_hf3fs_bit_flips_are_misses(tmp_path: Path, record_property) -> None:
 
 
 @pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")
-@pytest.mark.xfail(
-    strict=True,
-    reason="hicache_file bug: a bit flip in the header's payload-length field is classified as "
-    "'a valid page of another size' (_format.classify returns None), so it is neither counted, "
-    "logged nor removed, and the page can never be rewritten (exists stays True). Fix proposed "
-    "in the reliability report: compare the length field with the file size.",
-)
 def test_file_length_field_flip_is_an_integrity_error(tmp_path: Path) -> None:
     hashes = [hex_hash("length-flip", i) for i in range(2)]
     with _open("file", tmp_path / "root", 2) as ctl:

@@ -467,9 +467,9 @@ class FileBackend:
                 ):
                     reason = None
                 else:
-                    reason = fmt.classify(hdr, nread, kb, size)
+                    st = os.fstat(fd)
+                    reason = fmt.classify(hdr, nread, kb, size, st.st_size)
                     if reason is not None:
-                        st = os.fstat(fd)
                         ident = (st.st_dev, st.st_ino)
                     else:
                         tally.add("size_mismatches")

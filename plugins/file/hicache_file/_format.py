@@ -105,11 +105,15 @@ def stored_checksum(header: bytes | bytearray) -> int:
     return int.from_bytes(header[16:24], "little")
 
 
-def classify(header: bytes | bytearray, nread: int, key: bytes, payload_len: int) -> str | None:
-    """Why a read of ``nread`` bytes (header buffer ``header``) is not a valid page.
+def classify(
+    header: bytes | bytearray, nread: int, key: bytes, payload_len: int, file_size: int
+) -> str | None:
+    """Why a read of ``nread`` bytes (header buffer ``header``) of a ``file_size``-byte file is
+    not a valid page.
 
     Returns ``None`` when the header describes a *valid object of another size* (a miss, not
-    corruption); otherwise a short reason for the integrity log. Only called on the slow path.
+    corruption: the length field agrees with the file size); otherwise a short reason for the
+    integrity log. Only called on the slow path.
     """
     klen = len(key)
     if nread < FIXED_HEADER:
@@ -122,7 +126,9 @@ def classify(header: bytes | bytearray, nread: int, key: bytes, payload_len: int
     if stored_klen != klen or nread < FIXED_HEADER + klen or bytes(header[FIXED_HEADER:]) != key:
         return "header names another key (misplaced or colliding file)"
     if stored_len != payload_len:
-        return None
+        if file_size == FIXED_HEADER + klen + stored_len:
+            return None
+        return f"payload length field says {stored_len} bytes but the file holds {file_size - FIXED_HEADER - klen}"
     expected = FIXED_HEADER + klen + payload_len
     if nread < expected:
         return f"truncated payload ({nread - FIXED_HEADER - klen} of {payload_len} bytes)"
