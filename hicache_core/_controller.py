@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 import warnings
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
@@ -20,11 +19,12 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ._config import PrefetchPolicy, StorageConfig
+from ._config import StorageConfig
 from ._errors import BackendTimeoutError, BatchShapeError, ConfigError, HiCacheError, PoolError
 from ._keys import check_page_hashes
 from ._pool_group import HostPoolGroup
 from ._pools import HostPool
+from ._prefetch import PrefetchHandle
 from ._results import QueryResult, TransferResult, leading_run
 from ._store import Store
 from ._types import DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
@@ -612,38 +612,3 @@ class CacheController:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class PrefetchHandle:
-    """An async prefetch: ``result()`` waits according to the prefetch policy.
-
-    ``wait_complete`` / ``best_effort``: wait for completion (``best_effort`` callers may call
-    :meth:`terminate` at any time to stop after the current batch). ``timeout``: wait up to
-    ``prefetch_timeout_s``, then stop after the current batch and return what was loaded.
-    """
-
-    def __init__(
-        self, future: Future[TransferResult], stop: threading.Event, policy: PrefetchPolicy, timeout_s: float
-    ):
-        self.future = future
-        self._stop = stop
-        self.policy = policy
-        self.timeout_s = timeout_s
-        self._t0 = time.monotonic()
-
-    def done(self) -> bool:
-        return self.future.done()
-
-    def terminate(self) -> TransferResult:
-        """Stop after the batch in flight and return what was loaded."""
-        self._stop.set()
-        return self.future.result()
-
-    def result(self, timeout: float | None = None) -> TransferResult:
-        if self.policy is PrefetchPolicy.TIMEOUT:
-            remaining = max(0.0, self.timeout_s - (time.monotonic() - self._t0))
-            try:
-                return self.future.result(timeout=remaining if timeout is None else min(timeout, remaining))
-            except TimeoutError:
-                return self.terminate()
-        return self.future.result(timeout=timeout)

@@ -49,3 +49,28 @@ def test_hybrid_group_sized_and_zero_copy(standalone_opts: dict[str, Any]) -> No
         assert all(p.direct for p in backend._pools.values())  # every pool registered: zero copy
         assert standalone_required_bytes(group) <= planned
         roundtrip(ctl, group)
+
+
+def test_setup_dummy_sized_by_planned_kv_mamba_group(standalone_opts: dict[str, Any]) -> None:
+    """The deferred setup_dummy announces standalone_required_bytes of the planned pools."""
+    group = make_group("mamba")  # KV + Mamba, planned (allocate=False)
+    planned = standalone_required_bytes(group)
+    opts = {**standalone_opts, "reuse_connection": False, "mem_pool_size": 7 << 20}
+    with CacheController(make_config(opts, "mamba"), group) as ctl:
+        conn = ctl.store.backend.link.conn
+        assert conn.ready
+        assert conn.setup_size == planned  # the real call's argument, not the option
+        assert conn.setup_size != opts["mem_pool_size"]
+        (region,) = _shared_regions(ctl)
+        assert region.end - region.start == planned
+        roundtrip(ctl, group)
+
+
+def test_setup_dummy_option_fallback_without_store_allocation(standalone_opts: dict[str, Any]) -> None:
+    """Pools allocated outside the store: setup_dummy runs at registration with mem_pool_size."""
+    group = make_group("mamba", allocate=True)
+    opts = {**standalone_opts, "reuse_connection": False, "mem_pool_size": 7 << 20}
+    with CacheController(make_config(opts, "mamba"), group) as ctl:
+        conn = ctl.store.backend.link.conn
+        assert conn.setup_size == 7 << 20
+        assert not _shared_regions(ctl)

@@ -90,8 +90,8 @@ class StoreLink:
     def release(self, owner: str) -> None:
         self.conn.release(self._tag + owner)
 
-    def alloc_shared(self, nbytes: int, owner: str) -> Any:
-        return self.conn.alloc_shared(nbytes, self._tag + owner)
+    def alloc_shared(self, nbytes: int, owner: str, *, sizes_mapping: bool = False) -> Any:
+        return self.conn.alloc_shared(nbytes, self._tag + owner, sizes_mapping=sizes_mapping)
 
     # ------------------------------------------------------------ batch calls
     def _run(self, n: int, call: Callable[[int, int], Sequence[int]], what: str) -> list[int]:
@@ -102,6 +102,12 @@ class StoreLink:
         codes = [RPC_FAIL] * n
         if n == 0 or self.gate.reachable() is not None:
             return codes
+        if not self.conn.ready:  # standalone, no pool allocated through the store: connect now
+            try:
+                self.conn.ensure_setup()
+            except BackendIOError as err:  # BackendTimeoutError included
+                log.warning("hicache mooncake: %s failed: %s", what, err)
+                return codes
         step = self.options.max_keys_per_call
         for start in range(0, n, step):
             stop = min(n, start + step)
@@ -239,6 +245,7 @@ class StoreLink:
         why = self.gate.reachable()
         if why is not None:
             raise BackendIOError(f"mooncake: cannot clear, {why}")
+        self.conn.ensure_setup()
         n = int(self.store.remove_by_regex("^" + re.escape(prefix), True))
         if n < 0:
             raise BackendIOError(f"mooncake: remove_by_regex failed with {n} on {self.where}")

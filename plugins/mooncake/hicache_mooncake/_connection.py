@@ -16,7 +16,14 @@ Measured facts this module is built on (see the project's Mooncake reference):
   of the process-wide transfer engine); an idle shared connection is closed at interpreter exit
   or by :func:`close_idle_connections`.
 * In standalone (dummy) mode only memory from ``alloc_from_mem_pool`` can be registered, with
-  exactly the returned ``(ptr, size)``.
+  exactly the returned ``(ptr, size)``. Opening probes the ``mooncake_client`` (typed
+  :class:`BackendTimeoutError` within ``setup_timeout_s``), but ``setup_dummy`` itself is
+  deferred (:meth:`Connection.ensure_setup`) to the first ``hicache_alloc_host_memory(nbytes)``,
+  which announces ``nbytes`` (``hicache_core.sizing.standalone_required_bytes`` of the planned
+  pools) as ``mem_pool_size``. If I/O or a pool registration comes first (pools allocated
+  outside the store), it connects then with the ``mem_pool_size`` option (0: ``local_buffer_size``).
+  A shared connection is set up once: the size of its first setup (normally the first opener's
+  pool allocation) applies to every store sharing it.
 * Object checksums (CRC-64, ``MOONCAKE_STORE_CHECKSUM``) are read ONCE per process, when its
   first client is created, and apply to every client of the process; in standalone mode the
   ``mooncake_client`` process computes and verifies them, so only its environment counts.
@@ -248,6 +255,10 @@ class Connection:
             if self.standalone
             else f"mooncake_master {options.master_server_address}"
         )
+        self.setup_size: int | None = None
+        """Standalone: the ``mem_pool_size`` passed to ``setup_dummy`` (``None`` until it ran)."""
+        self._set_up = not self.standalone  # embedded stores are set up in _connect
+        self._setup_lock = threading.Lock()
         self.store = self._connect(tp_rank, ranks)
         endpoints = [options.master_server_address]
         if self.standalone:  # the client always; the master too when it was given explicitly
@@ -293,38 +304,90 @@ class Connection:
         if not self.standalone:
             _prepare_checksum(o)
         store = self.module.MooncakeDistributedStore()
+        if self.standalone:  # setup_dummy waits for the pool sizes (ensure_setup)
+            log.info(
+                "hicache mooncake: %s reachable in %.3f s; setup_dummy deferred to the first pool "
+                "allocation (sized by standalone_required_bytes)",
+                self.where,
+                time.monotonic() - t0,
+            )
+            return store
+        kwargs: dict[str, Any] = {}
+        if o.enable_ssd_offload:
+            kwargs.update(enable_ssd_offload=True, ssd_offload_path=o.ssd_offload_path or "")
+        if o.tenant_id != "default":
+            kwargs["tenant_id"] = o.tenant_id
         with _limited_setup_retries():
-            if self.standalone:
-                assert o.client_server_address is not None
-                rc = store.setup_dummy(
-                    o.mem_pool_size or o.local_buffer_size, o.local_buffer_size, o.client_server_address
-                )
-            else:
-                kwargs: dict[str, Any] = {}
-                if o.enable_ssd_offload:
-                    kwargs.update(enable_ssd_offload=True, ssd_offload_path=o.ssd_offload_path or "")
-                if o.tenant_id != "default":
-                    kwargs["tenant_id"] = o.tenant_id
-                rc = store.setup(
-                    o.local_hostname,
-                    o.metadata_server,
-                    o.global_segment_size // max(1, ranks),
-                    o.local_buffer_size,
-                    o.protocol,
-                    resolve_device(o.device_name, tp_rank),
-                    o.master_server_address,
-                    **kwargs,
-                )
+            rc = store.setup(
+                o.local_hostname,
+                o.metadata_server,
+                o.global_segment_size // max(1, ranks),
+                o.local_buffer_size,
+                o.protocol,
+                resolve_device(o.device_name, tp_rank),
+                o.master_server_address,
+                **kwargs,
+            )
+        self._check_rc(rc, "setup", t0)
+        log.info("hicache mooncake: connected to %s in %.3f s", self.where, time.monotonic() - t0)
+        return store
+
+    def _check_rc(self, rc: int, call: str, t0: float) -> None:
         elapsed = time.monotonic() - t0
         if rc != 0:
+            o = self.options
             cls = BackendTimeoutError if elapsed > o.setup_timeout_s else BackendIOError
             raise cls(
-                f"mooncake: {'setup_dummy' if self.standalone else 'setup'} against {self.where} returned "
-                f"{rc} after {elapsed:.1f} s; check that the master is healthy, that metadata_server "
-                f"({o.metadata_server!r}) matches the rest of the cluster, and the Mooncake log above"
+                f"mooncake: {call} against {self.where} returned {rc} after {elapsed:.1f} s; check that "
+                f"the master is healthy, that metadata_server ({o.metadata_server!r}) matches the rest "
+                "of the cluster, and the Mooncake log above"
             )
-        log.info("hicache mooncake: connected to %s in %.3f s", self.where, elapsed)
-        return store
+
+    @property
+    def ready(self) -> bool:
+        """Whether the store is set up (standalone: ``setup_dummy`` has run)."""
+        return self._set_up
+
+    def ensure_setup(self, nbytes: int | None = None) -> None:
+        """Standalone: run the deferred ``setup_dummy`` once; a no-op when already set up.
+
+        ``nbytes`` (from the first ``hicache_alloc_host_memory``: the pools'
+        ``standalone_required_bytes``) becomes ``mem_pool_size``; without it (I/O or a pool
+        registration before any allocation) the ``mem_pool_size`` option is used, or
+        ``local_buffer_size`` when that is 0. Raises :class:`BackendIOError` if the
+        ``mooncake_client`` refuses connections or ``setup_dummy`` fails.
+        """
+        if self._set_up:
+            return
+        with self._setup_lock:
+            if self._set_up:
+                return
+            o = self.options
+            assert o.client_server_address is not None
+            if nbytes is not None and nbytes > 0:
+                size, source = nbytes, "standalone_required_bytes of the planned pools"
+            elif o.mem_pool_size:
+                size, source = o.mem_pool_size, "mem_pool_size option (pools not allocated through the store)"
+            else:
+                size, source = o.local_buffer_size, "local_buffer_size (mem_pool_size=0; pools not allocated through the store)"  # fmt: skip
+            why = tcp_probe(o.client_server_address, o.probe_timeout_s)
+            if why is not None:
+                raise BackendIOError(
+                    f"mooncake: {self.where} is not reachable ({why}); setup_dummy not attempted"
+                )
+            t0 = time.monotonic()
+            with _limited_setup_retries():
+                rc = self.store.setup_dummy(size, o.local_buffer_size, o.client_server_address)
+            self._check_rc(rc, "setup_dummy", t0)
+            self.setup_size = size
+            self._set_up = True
+            log.info(
+                "hicache mooncake: setup_dummy against %s with mem_pool_size=%d B (%s) in %.3f s",
+                self.where,
+                size,
+                source,
+                time.monotonic() - t0,
+            )
 
     def _wait_health(self, deadline: float) -> None:
         host, _ = _split(self.options.master_server_address)
@@ -377,6 +440,7 @@ class Connection:
         """
         if size <= 0:
             return True
+        self.ensure_setup()
         with self._lock:
             r = self._find(ptr, size)
             if r is not None:
@@ -404,12 +468,17 @@ class Connection:
                 if not r.owners and not r.permanent:
                     self._remove(r)
 
-    def alloc_shared(self, nbytes: int, owner: str) -> Any:
-        """``nbytes`` of store-owned shared memory (standalone mode) as a flat uint8 tensor."""
+    def alloc_shared(self, nbytes: int, owner: str, *, sizes_mapping: bool = False) -> Any:
+        """``nbytes`` of store-owned shared memory (standalone mode) as a flat uint8 tensor.
+
+        With ``sizes_mapping`` (pool allocation) a still deferred ``setup_dummy`` announces
+        ``nbytes`` as ``mem_pool_size``; otherwise it uses the option fallback.
+        """
         import torch
 
         if not self.standalone:
             raise BackendIOError("mooncake: store-owned shared memory exists only in standalone mode")
+        self.ensure_setup(nbytes if sizes_mapping else None)
         ptr = int(self.store.alloc_from_mem_pool(nbytes))
         if ptr <= 0:
             raise BackendIOError(
@@ -438,6 +507,8 @@ class Connection:
                         self.store.unregister_buffer(r.start)
             self._regions = [r for r in self._regions if r.permanent]
             self._starts = [r.start for r in self._regions]
+        if not self._set_up:
+            return  # standalone store never set up: nothing to close
         with contextlib.suppress(Exception):
             self.store.close()
 

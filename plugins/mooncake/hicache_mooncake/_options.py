@@ -192,7 +192,12 @@ class MooncakeOptions(BaseModel):
     ssd_offload_path: str | None = None
     tenant_id: str = "default"
     mem_pool_size: int = Field(
-        0, ge=0, description="standalone: size announced to setup_dummy (0: the local buffer size)"
+        0,
+        ge=0,
+        description=(
+            "standalone: size announced to setup_dummy when no pool is allocated through the store "
+            "(pool allocation announces standalone_required_bytes instead; 0: the local buffer size)"
+        ),
     )
     setup_timeout_s: float = Field(
         5.0, gt=0, le=600, description="bound on reaching the master / client and on setup"

@@ -9,7 +9,11 @@
 * Standalone mode (``standalone_storage``) attaches to a separate ``mooncake_client`` with
   ``setup_dummy``; pool memory then comes from the store's shared pool through
   ``hicache_alloc_host_memory`` (the controller sizes it with
-  :func:`hicache_core.sizing.standalone_required_bytes`).
+  :func:`hicache_core.sizing.standalone_required_bytes`). Opening only probes the client (typed
+  timeout error within ``setup_timeout_s``); ``setup_dummy`` runs at that first allocation with
+  ``mem_pool_size=nbytes``, or, when I/O or ``hicache_register_pool`` comes first (pools
+  allocated outside the store), then with the ``mem_pool_size`` option (0: ``local_buffer_size``).
+  A shared connection keeps the size of its first setup (normally the first opener's).
 * Overwrite: Mooncake's ``put`` keeps the OLD value of an existing key. Pages are
   content-addressed, so by default an existing key is kept and reported stored; with
   ``overwrite=True`` every SET uses ``batch_upsert_from`` and replaces the stored bytes.
@@ -151,7 +155,8 @@ class MooncakeBackend:
     def hicache_alloc_host_memory(self, nbytes: int) -> torch.Tensor | None:
         if not self.link.standalone:
             return None  # embedded: plain torch memory, registered per pool
-        return self.link.alloc_shared(nbytes, owner="alloc")  # type: ignore[no-any-return]
+        # the first allocation runs the deferred setup_dummy with mem_pool_size=nbytes
+        return self.link.alloc_shared(nbytes, owner="alloc", sizes_mapping=True)  # type: ignore[no-any-return]
 
     @hookimpl
     def hicache_draft_io_capability(self) -> DraftIo:
