@@ -28,7 +28,8 @@ from .hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._config import ControllerSettings, PrefetchPolicy, StorageConfig, load_config
-    from ._controller import CacheController, DraftOffloadDisabledWarning, PrefetchHandle
+    from ._controller import CacheController, DraftOffloadDisabledWarning
+    from ._prefetch import PrefetchHandle
     from ._hashing import page_hashes
     from ._keys import DefaultPageKeys, KeyScheme, check_key, check_page_hash
     from ._pool_group import HostPoolGroup
@@ -46,7 +47,7 @@ _LAZY = {
     "load_config": "_config",
     "CacheController": "_controller",
     "DraftOffloadDisabledWarning": "_controller",
-    "PrefetchHandle": "_controller",
+    "PrefetchHandle": "_prefetch",
     "page_hashes": "_hashing",
     "DefaultPageKeys": "_keys",
     "KeyScheme": "_keys",
