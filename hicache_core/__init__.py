@@ -29,11 +29,11 @@ from .hookspecs import hookimpl, hookspec
 if TYPE_CHECKING:  # pragma: no cover
     from ._config import ControllerSettings, PrefetchPolicy, StorageConfig, load_config
     from ._controller import CacheController, DraftOffloadDisabledWarning
-    from ._prefetch import PrefetchHandle
     from ._hashing import page_hashes
     from ._keys import DefaultPageKeys, KeyScheme, check_key, check_page_hash
     from ._pool_group import HostPoolGroup
     from ._pools import ComponentSpec, HostPool, IndexerPool, MambaPool, MHAKVPool, MLAKVPool
+    from ._prefetch import PrefetchHandle
     from ._registry import BACKENDS_GROUP, EXTENSIONS_GROUP, backend_names, find_backends, load_backend_class
     from ._results import QueryResult, TransferResult
     from ._store import Store, open_store
