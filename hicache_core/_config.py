@@ -153,6 +153,17 @@ class StorageConfig(BaseModel):
         return _build({**_read_file(Path(path)), **overrides}, source=str(path))
 
     @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        environ: Mapping[str, str] | None = None,
+        **overrides: Any,
+    ) -> StorageConfig:
+        """File (``path`` or ``$HICACHE_CONFIG``), then ``HICACHE_*`` variables, then overrides;
+        the same as :func:`load_config`."""
+        return load_config(path, environ, **overrides)
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StorageConfig:
         """Build from ``HICACHE_*`` variables only (no file)."""
         return _build({**_read_env(os.environ if environ is None else environ), **overrides}, source="env")

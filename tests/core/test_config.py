@@ -67,6 +67,7 @@ def test_environment_overrides_file(tmp_path: Path) -> None:
         "HICACHE_BACKENDS_BLOCK": "x",
     }
     cfg = load_config(environ=env)
+    assert StorageConfig.load(environ=env) == cfg
     assert cfg.model_name == "env-model" and cfg.options == {"a": 1, "b": 2}
     assert cfg.controller.batch_pages == 32 and cfg.extensions == ["metrics", "tracing"]
 

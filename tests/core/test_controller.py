@@ -320,3 +320,17 @@ def test_io_timeout_bounds_a_blocking_backend(memory_backends) -> None:
         backend._io = original
         release.set()
         assert ctl.backup(hashes(3, seed=50), range(3)).pages == 3  # keeps serving
+
+
+def test_prefetch_async_is_a_real_future(memory_backends) -> None:
+    from concurrent.futures import Future, wait
+
+    group = mha_group()
+    with CacheController(hc.StorageConfig(backend="memory"), group) as ctl:
+        fill(group)
+        hs = hashes(4)
+        ctl.backup(hs, range(4))
+        handle = ctl.prefetch_async(hs, range(4, 8))
+        assert isinstance(handle, Future)
+        done, _ = wait([handle], timeout=10)
+        assert handle in done and handle.result().pages == 4
