@@ -29,6 +29,18 @@ def backend_listed(name: str) -> bool:
         return False
 
 
+def local_store_backends() -> list[Any]:
+    """``pytest.param`` for each on-disk backend (file, hf3fs), skipped when not installed."""
+    import pytest
+
+    return [
+        pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")),
+        pytest.param(
+            "hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
+        ),
+    ]
+
+
 def store_options(backend: str, root: Path) -> dict[str, Any]:
     """Options putting every byte of ``backend`` under ``root``."""
     if backend == "file":

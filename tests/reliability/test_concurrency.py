@@ -13,26 +13,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tests.reliability._util import HAVE_FILE, HAVE_HF3FS, backend_listed, report
+from tests.reliability._util import backend_listed, local_store_backends, report
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 
 
-def _backends() -> list[Any]:
-    return [
-        pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")),
-        pytest.param(
-            "hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
-        ),
-    ]
-
-
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", local_store_backends())
 def test_threads_and_processes_share_a_store(
     backend: str, tmp_path: Path, long_mode: bool, record_property
 ) -> None:

@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 
-from tests.reliability._util import HAVE_FILE, HAVE_HF3FS, backend_listed, hex_hash, report, temp_files
+from tests.reliability._util import (
+    backend_listed,
+    hex_hash,
+    local_store_backends,
+    report,
+    temp_files,
+)
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 BATCH = 16
@@ -73,17 +79,8 @@ def _progress(path: Path) -> tuple[int, list[int], bool]:
     return started, done, ready
 
 
-def _backends() -> list[Any]:
-    return [
-        pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")),
-        pytest.param(
-            "hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
-        ),
-    ]
-
-
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("backend", local_store_backends())
 def test_sigkill_never_exposes_torn_pages(
     backend: str, tmp_path: Path, long_mode: bool, record_property
 ) -> None:
