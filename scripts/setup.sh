@@ -19,6 +19,9 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
+# The C extensions (core page hashing, file-backend batch I/O) must build here: a silent
+# fallback to pure Python would hide a broken toolchain behind slower numbers.
+export HICACHE_REQUIRE_NATIVE=${HICACHE_REQUIRE_NATIVE:-1}
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -U pip setuptools wheel
 # Pin the CPU build: a bare `torch` requirement would pull a multi-GB CUDA build.

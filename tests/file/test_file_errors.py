@@ -82,6 +82,11 @@ def test_options(tmp_path: Path) -> None:
     assert FileBackend.Options is FileOptions
 
 
+# The tests below inject faults by patching ``os`` functions, which only the pure-Python I/O path
+# calls, so they set ``native_io: False``; test_file_native.py injects real faults into both paths.
+PY_IO = {"native_io": False}
+
+
 def _fail_writev_after(monkeypatch: pytest.MonkeyPatch, ok_calls: int, err: int = errno.ENOSPC) -> list[int]:
     calls = [0]
     real = os.writev
@@ -104,7 +109,7 @@ def test_enospc_fails_only_the_affected_pages(
     fill(kv, 1)
     want = pages(kv, range(3))
     hashes = page_hashes(list(range(32)), 4)
-    cfg = config(tmp_path, options={"io_threads": 1, "publish": publish})
+    cfg = config(tmp_path, options={"io_threads": 1, "publish": publish, **PY_IO})
     with CacheController(cfg, kv) as ctl:
         _fail_writev_after(monkeypatch, ok_calls=6)  # 3 pages x (k, v), then the disk is full
         with caplog.at_level(logging.WARNING, logger="hicache.file"):
@@ -133,7 +138,7 @@ def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         return real(fd, [first])
 
     data = torch.randint(0, 256, (5000,), dtype=torch.uint8)
-    with open_store(config(tmp_path, options={"publish": publish})) as store:
+    with open_store(config(tmp_path, options={"publish": publish, **PY_IO})) as store:
         monkeypatch.setattr(os, "writev", short_writev)
         assert store.batch_io_v1(IoOp.SET, ["s.k"], [data]) == [True]
         monkeypatch.undo()
@@ -149,7 +154,7 @@ def test_publish_failure_leaves_no_temp_file(
     def fail(*args: object, **kw: object) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    with open_store(config(tmp_path, options={"publish": publish})) as store:
+    with open_store(config(tmp_path, options={"publish": publish, **PY_IO})) as store:
         assert store.backend.publish_mode == publish
         monkeypatch.setattr(os, "rename", fail)
         monkeypatch.setattr(os, "link", fail)
@@ -168,7 +173,7 @@ def test_unreadable_page_is_a_miss_not_an_exception(tmp_path: Path, monkeypatch:
             raise OSError(errno.EIO, "I/O error", path)
         return real_open(path, flags, *a)
 
-    with open_store(config(tmp_path)) as store:
+    with open_store(config(tmp_path, options=PY_IO)) as store:
         bufs = [torch.ones(64, dtype=torch.uint8)] * 2
         assert store.batch_io_v1(IoOp.SET, ["e.bad", "e.good"], bufs) == [True, True]
         monkeypatch.setattr(os, "open", failing_open)

@@ -17,7 +17,6 @@ options. Summary of the guarantees:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import operator
@@ -46,6 +45,8 @@ if TYPE_CHECKING:  # heavy (torch / pydantic); annotations only
     from hicache_core import HostPool, PoolTransfer, StorageConfig
 
 from . import _format as fmt
+from . import _native_io
+from ._clear import clear_namespace
 from ._index import LruIndex, scan_root
 from ._options import FileOptions
 from ._pool_io import PoolIo, Post, tensor_iov
@@ -90,6 +91,8 @@ class FileBackend:
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self._closed = False
+        self._native_get = options.native_io and _native_io.available()
+        self._native_set = self._native_get and self._publisher.anonymous and not options.fsync
         self.index: LruIndex | None = None
         self.scan_seconds = 0.0  # the open-time scan (only with max_bytes)
         if options.max_bytes is not None:
@@ -114,6 +117,11 @@ class FileBackend:
     @property
     def integrity_errors(self) -> int:
         return self._stats.integrity_errors
+
+    @property
+    def io_engine(self) -> str:
+        """``"native"`` (the C batch path, see ``native_io``) or ``"python"``, for writes."""
+        return "native" if self._native_set else "python"
 
     @property
     def publish_mode(self) -> str:
@@ -224,39 +232,8 @@ class FileBackend:
         Raises :class:`KeyFormatError` for a namespace that is not a safe key prefix.
         """
         check_key(namespace)
-        first, dot, _ = namespace.partition(".")
         prefix = namespace + "."
-        whole = not dot
-        nsdir = self._prefix + first
-        removed = temps = failed = 0
-        first_error = ""
-        for shard in _listdirs(nsdir):
-            try:
-                with os.scandir(shard) as it:
-                    names = [(e.name, e.path) for e in it]
-            except OSError:
-                continue  # removed meanwhile
-            for name, path in names:
-                temp = name.startswith(fmt.TEMP_PREFIX)
-                if not (temp and whole) and not name.startswith(prefix):
-                    continue
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    continue
-                except OSError as err:
-                    failed += 1
-                    first_error = first_error or f"{path}: {err.strerror or err}"
-                    continue
-                if temp:
-                    temps += 1
-                else:
-                    removed += 1
-            with contextlib.suppress(OSError):
-                os.rmdir(shard)  # only if empty: a concurrent writer's files keep it
-        if whole:
-            with contextlib.suppress(OSError):
-                os.rmdir(nsdir)
+        removed, temps, failed, first_error = clear_namespace(self._prefix, namespace)
         if self.index is not None:
             self.index.drop_prefix(prefix)
         with self._stats_lock:
@@ -341,9 +318,10 @@ class FileBackend:
         work: Any
         extra: Any
         if op is IoOp.GET:
-            work, extra = self._get_range, posts
+            work, extra = (self._get_native if self._native_get else self._get_range), posts
         else:
-            work, extra = self._set_range, getattr(self._absent, "keys", None) or frozenset()
+            work = self._set_native if self._native_set else self._set_range
+            extra = getattr(self._absent, "keys", None) or frozenset()
             self._absent.keys = None
         args: tuple[Any, ...] = (keys, paths, iovs, sizes, extra)
         threads = self.options.io_threads
@@ -418,6 +396,42 @@ class FileBackend:
         log.debug("hicache.file: evicted %d pages (%d bytes) to fit max_bytes", gone, nbytes)
 
     # ------------------------------------------------------------ the I/O
+    def _get_native(
+        self,
+        keys: Sequence[str],
+        paths: list[str],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        posts: list[Post | None] | None,
+        lo: int,
+        hi: int,
+    ) -> tuple[list[bool], _Tally]:
+        slow = partial(self._get_range, keys, paths, iovs, sizes, posts)
+        return _native_io.get_range(slow, self.index is not None, keys, paths, iovs, sizes, posts, lo, hi)
+
+    def _set_native(
+        self,
+        keys: Sequence[str],
+        paths: list[str],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        absent: frozenset[str] | set[str],
+        lo: int,
+        hi: int,
+    ) -> tuple[list[bool], _Tally]:
+        return _native_io.set_range(
+            self._publisher,
+            self.options.max_bytes,
+            self.index is not None,
+            keys,
+            paths,
+            iovs,
+            sizes,
+            absent,
+            lo,
+            hi,
+        )
+
     def _get_range(
         self,
         keys: Sequence[str],
@@ -578,12 +592,3 @@ class FileBackend:
         tally.add("skipped_writes", skipped)
         tally.add("bytes_written", nbytes)
         return out, tally
-
-
-# ---------------------------------------------------------------------- helpers
-def _listdirs(path: str) -> list[str]:
-    try:
-        with os.scandir(path) as it:
-            return [e.path for e in it if e.is_dir(follow_symlinks=False)]
-    except OSError:
-        return []

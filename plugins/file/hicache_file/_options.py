@@ -52,6 +52,11 @@ class FileOptions(BaseModel):
     inode and links it (Linux; nothing is left behind by a killed writer, one directory
     operation per page), ``"rename"`` writes a named temp file and renames it (portable),
     ``"auto"`` (default) probes the root at open and uses ``tmpfile`` when it works.
+    ``native_io``: move each range of a batch with the ``hicache_file._fastio`` C extension,
+    which issues the page syscalls with the GIL released so the ``io_threads`` really overlap
+    (reads always; writes when ``publish`` resolves to ``tmpfile`` and ``fsync`` is off, since an
+    fsync per page costs far more than the GIL). Ignored when the extension
+    was not built; ``False`` forces the pure-Python path. Same files, same results either way.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -68,6 +73,7 @@ class FileOptions(BaseModel):
     parallel_min_bytes: int = Field(512 * 1024, ge=0, description="smaller batches run inline")
     temp_max_age_s: float = Field(3600.0, gt=0, description="age after which leftover temp files go")
     publish: Literal["auto", "tmpfile", "rename"] = Field("auto", description="atomic publish method")
+    native_io: bool = Field(True, description="use the C batch I/O path when it is built")
 
     @field_validator("root")
     @classmethod

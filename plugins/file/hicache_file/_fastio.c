@@ -1,0 +1,322 @@
+/*
+ * hicache_file._fastio: the file backend's per-page syscalls for a whole batch, run with the
+ * GIL released.
+ *
+ * Moving one small page costs a handful of syscalls (open, writev, linkat, close; or open,
+ * readv, close). Done from Python, every one of them drops and retakes the GIL, so two I/O
+ * threads spend their time handing the GIL to each other instead of overlapping in the kernel.
+ * Here one call takes the buffers of a whole range of pages (with the GIL), then releases the
+ * GIL once and issues every syscall of the range. Python keeps everything else: paths, headers,
+ * checksums, verification and every error decision (see hicache_file._fastpath).
+ *
+ *   publish_batch(items) -> list[int]
+ *       items: sequence of (shard_dir: str, path: str, buffers: sequence, check_exists: bool).
+ *       Per item: if check_exists and path exists -> 1. Else open an unnamed O_TMPFILE inode in
+ *       shard_dir, write all buffers (gathered), link it to path through
+ *       /proc/self/fd and close it. Result 0 = published, 1 = already present (skipped or
+ *       EEXIST from the link: another writer won, its page is kept), -errno = failed (nothing
+ *       is left behind: an unlinked O_TMPFILE inode is freed by the kernel on close).
+ *
+ *   read_batch(items) -> list[int]
+ *       items: sequence of (path: str, buffers: sequence of writable buffers).
+ *       Per item: open, fill the buffers in order with readv until every buffer but the last is
+ *       full or EOF, close. The last buffer is a probe (one spare byte): it is filled only by the
+ *       readv that fills the others, so a file longer than expected shows up as extra bytes
+ *       without a second readv per page just to see EOF.
+ *       Result: bytes read (>= 0) or -errno (-ENOENT for a missing page).
+ *
+ * Both raise ValueError for a malformed item, TypeError for a non-buffer and BufferError for a
+ * read-only buffer given to read_batch; they never raise for an I/O failure (that is a per-item
+ * result). Durable (fsync) publishing stays on the Python path, where the fsync dominates.
+ */
+#define PY_SSIZE_T_CLEAN
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
+
+typedef struct {
+    const char *dir;  /* publish only */
+    const char *path;
+    int check_exists; /* publish only */
+    Py_ssize_t first; /* index of the first buffer in the shared arrays */
+    Py_ssize_t count; /* number of buffers */
+    long result;
+} Item;
+
+typedef struct {
+    Item *items;
+    Py_ssize_t nitems;
+    Py_buffer *views;
+    struct iovec *iov;
+    Py_ssize_t nviews; /* views acquired so far (released on cleanup) */
+    PyObject **refs;   /* strong references to the path strings used without the GIL */
+    Py_ssize_t nrefs;
+} Batch;
+
+static void batch_free(Batch *b) {
+    for (Py_ssize_t i = 0; i < b->nviews; i++) PyBuffer_Release(&b->views[i]);
+    for (Py_ssize_t i = 0; i < b->nrefs; i++) Py_DECREF(b->refs[i]);
+    PyMem_Free(b->items);
+    PyMem_Free(b->views);
+    PyMem_Free(b->iov);
+    PyMem_Free(b->refs);
+    memset(b, 0, sizeof(*b));
+}
+
+static const char *keep_str(Batch *b, PyObject *s, const char *what) {
+    if (!PyUnicode_Check(s)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a str, got %.80s", what, Py_TYPE(s)->tp_name);
+        return NULL;
+    }
+    const char *out = PyUnicode_AsUTF8(s);
+    if (out == NULL) return NULL;
+    Py_INCREF(s);
+    b->refs[b->nrefs++] = s;
+    return out;
+}
+
+/* Parse `items` into `b`. `publish` selects the tuple shape. Returns 0, or -1 with an exception. */
+static int batch_parse(Batch *b, PyObject *items, int publish) {
+    memset(b, 0, sizeof(*b));
+    PyObject *seq = PySequence_Fast(items, "items must be a sequence");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **elems = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t arity = publish ? 4 : 2;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = elems[i];
+        if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != arity) {
+            PyErr_Format(PyExc_ValueError, "item %zd must be a tuple of %zd fields", i, arity);
+            goto fail;
+        }
+        PyObject *bufs = PyTuple_GET_ITEM(it, publish ? 2 : 1);
+        if (!PyList_Check(bufs) && !PyTuple_Check(bufs)) {
+            PyErr_Format(PyExc_TypeError, "item %zd: buffers must be a list or tuple", i);
+            goto fail;
+        }
+        Py_ssize_t k = PySequence_Fast_GET_SIZE(bufs);
+        if (k < 1 || k > IOV_MAX) {
+            PyErr_Format(PyExc_ValueError, "item %zd: %zd buffers (1..%d allowed)", i, k, IOV_MAX);
+            goto fail;
+        }
+        total += k;
+    }
+    b->items = PyMem_Calloc(n ? n : 1, sizeof(Item));
+    b->views = PyMem_Calloc(total ? total : 1, sizeof(Py_buffer));
+    b->iov = PyMem_Calloc(total ? total : 1, sizeof(struct iovec));
+    b->refs = PyMem_Calloc(2 * n + 1, sizeof(PyObject *));
+    if (!b->items || !b->views || !b->iov || !b->refs) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    b->nitems = n;
+    Py_ssize_t at = 0;
+    int flags = publish ? PyBUF_SIMPLE : PyBUF_WRITABLE;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = elems[i];
+        Item *item = &b->items[i];
+        if (publish) {
+            item->dir = keep_str(b, PyTuple_GET_ITEM(it, 0), "shard_dir");
+            if (item->dir == NULL) goto fail;
+            item->path = keep_str(b, PyTuple_GET_ITEM(it, 1), "path");
+            if (item->path == NULL) goto fail;
+            int chk = PyObject_IsTrue(PyTuple_GET_ITEM(it, 3));
+            if (chk < 0) goto fail;
+            item->check_exists = chk;
+        } else {
+            item->path = keep_str(b, PyTuple_GET_ITEM(it, 0), "path");
+            if (item->path == NULL) goto fail;
+        }
+        PyObject *bufs = PyTuple_GET_ITEM(it, publish ? 2 : 1);
+        Py_ssize_t k = PySequence_Fast_GET_SIZE(bufs);
+        PyObject **bv = PySequence_Fast_ITEMS(bufs);
+        item->first = at;
+        item->count = k;
+        for (Py_ssize_t j = 0; j < k; j++) {
+            if (PyObject_GetBuffer(bv[j], &b->views[at], flags | PyBUF_C_CONTIGUOUS) < 0) goto fail;
+            b->nviews++;
+            b->iov[at].iov_base = b->views[at].buf;
+            b->iov[at].iov_len = (size_t)b->views[at].len;
+            at++;
+        }
+    }
+    Py_DECREF(seq);
+    return 0;
+fail:
+    Py_DECREF(seq);
+    batch_free(b);
+    return -1;
+}
+
+static PyObject *batch_results(Batch *b) {
+    PyObject *out = PyList_New(b->nitems);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < b->nitems; i++) {
+        PyObject *v = PyLong_FromLong(b->items[i].result);
+        if (v == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
+/* Write every byte of iov[0..cnt) to fd (the array is consumed). 0 or -errno. */
+static long write_all(int fd, struct iovec *iov, int cnt) {
+    while (cnt > 0) {
+        ssize_t n = writev(fd, iov, cnt > IOV_MAX ? IOV_MAX : cnt);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) return -EIO;
+        while (cnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    return 0;
+}
+
+static long publish_one(Item *it, struct iovec *iov) {
+#ifdef O_TMPFILE
+    if (it->check_exists && access(it->path, F_OK) == 0) return 1;
+    int fd;
+    do {
+        fd = open(it->dir, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return -errno;
+    long rc = write_all(fd, iov, (int)it->count);
+    if (rc == 0) {
+        char proc[64];
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        if (linkat(AT_FDCWD, proc, AT_FDCWD, it->path, AT_SYMLINK_FOLLOW) != 0)
+            rc = errno == EEXIST ? 1 : -errno;
+    }
+    close(fd);
+    return rc;
+#else
+    (void)it;
+    (void)iov;
+    return -ENOSYS;
+#endif
+}
+
+static long read_one(Item *it, struct iovec *iov) {
+    int fd;
+    do {
+        fd = open(it->path, O_RDONLY | O_CLOEXEC);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) return -errno;
+    long total = 0;
+    int cnt = (int)it->count;
+    while (cnt > 1 || (cnt == 1 && it->count == 1)) { /* stop when only the probe is left */
+        ssize_t n = readv(fd, iov, cnt > IOV_MAX ? IOV_MAX : cnt);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            total = -errno;
+            break;
+        }
+        if (n == 0) break; /* EOF: the caller compares the count with what it expected */
+        total += (long)n;
+        while (cnt > 0 && (size_t)n >= iov->iov_len) {
+            n -= (ssize_t)iov->iov_len;
+            iov++;
+            cnt--;
+        }
+        if (cnt > 0) {
+            iov->iov_base = (char *)iov->iov_base + n;
+            iov->iov_len -= (size_t)n;
+        }
+    }
+    close(fd);
+    return total;
+}
+
+static PyObject *publish_batch(PyObject *self, PyObject *args) {
+    PyObject *items;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O:publish_batch", &items)) return NULL;
+#ifndef O_TMPFILE
+    PyErr_SetString(PyExc_NotImplementedError, "O_TMPFILE is not available on this platform");
+    return NULL;
+#endif
+    Batch b;
+    if (batch_parse(&b, items, 1) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b.nitems; i++)
+        b.items[i].result = publish_one(&b.items[i], &b.iov[b.items[i].first]);
+    Py_END_ALLOW_THREADS
+    PyObject *out = batch_results(&b);
+    batch_free(&b);
+    return out;
+}
+
+static PyObject *read_batch(PyObject *self, PyObject *args) {
+    PyObject *items;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O:read_batch", &items)) return NULL;
+    Batch b;
+    if (batch_parse(&b, items, 0) < 0) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b.nitems; i++)
+        b.items[i].result = read_one(&b.items[i], &b.iov[b.items[i].first]);
+    Py_END_ALLOW_THREADS
+    PyObject *out = batch_results(&b);
+    batch_free(&b);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"publish_batch", publish_batch, METH_VARARGS,
+     "publish_batch(items) -> list[int]: O_TMPFILE + linkat publish of a batch, GIL released.\n"
+     "items: (shard_dir, path, buffers, check_exists) tuples. Per item: 0 published, 1 already "
+     "present, -errno failed."},
+    {"read_batch", read_batch, METH_VARARGS,
+     "read_batch(items) -> list[int]: open + readv + close of a batch, GIL released.\n"
+     "items: (path, writable buffers) tuples. Per item: bytes read, or -errno."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "hicache_file._fastio",
+    "Batched page-file syscalls with the GIL released (see _fastio.c).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastio(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+#ifdef O_TMPFILE
+    if (PyModule_AddIntConstant(m, "HAVE_TMPFILE", 1) < 0) goto fail;
+#else
+    if (PyModule_AddIntConstant(m, "HAVE_TMPFILE", 0) < 0) goto fail;
+#endif
+    if (PyModule_AddIntConstant(m, "IOV_MAX", IOV_MAX) < 0) goto fail;
+    return m;
+fail:
+    Py_DECREF(m);
+    return NULL;
+}

@@ -1,0 +1,188 @@
+"""The batched I/O path over the ``_fastio`` C extension (used when it is built).
+
+Python still decides everything: it builds each page's header and checksum, hands a range of
+pages to :func:`_fastio.publish_batch` / :func:`_fastio.read_batch` (which issue the syscalls
+with the GIL released, so ``io_threads`` ranges really overlap in the kernel), then verifies
+every read and accounts every result exactly like the pure-Python path in ``_backend``. Any
+read that does not verify is handed back to that path, which re-reads, classifies and
+quarantines it, so corruption handling lives in one place.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from . import _format as fmt
+from ._stats import _Tally
+
+if TYPE_CHECKING:
+    from ._pool_io import Post
+    from ._publish import Publisher
+
+try:
+    from . import _fastio  # type: ignore[attr-defined]
+except ImportError:  # not built (no compiler at install time): the pure-Python path is used
+    _fastio = None
+
+__all__ = ["available", "get_range", "set_range"]
+
+_FH = fmt.FIXED_HEADER
+_ENOENT = -errno.ENOENT
+
+
+def available() -> bool:
+    """The extension is built and can publish with ``O_TMPFILE`` on this platform."""
+    return _fastio is not None and bool(_fastio.HAVE_TMPFILE)
+
+
+def set_range(
+    publisher: Publisher,
+    max_bytes: int | None,
+    track: bool,
+    keys: Sequence[str],
+    paths: list[str],
+    iovs: list[list[Any]],
+    sizes: list[int],
+    absent: frozenset[str] | set[str],
+    lo: int,
+    hi: int,
+) -> tuple[list[bool], _Tally]:
+    """Publish pages ``lo..hi`` (``O_TMPFILE`` publishers without fsync); returns flags and tally.
+
+    Same semantics as the pure-Python ``_set_range``: a present key is skipped and ``True``;
+    a failed key is ``False`` with nothing left behind; a missing shard directory is created
+    and the page retried (twice, as a racing ``clear`` may remove it again).
+    """
+    tally = _Tally()
+    out = [False] * (hi - lo)
+    header, xxh3, checksum = fmt.encode_header, fmt.xxh3_64, fmt.checksum
+    items: list[tuple[str, str, list[Any], bool]] = []
+    where: list[int] = []  # position in ``out`` of each item
+    disks: list[int] = []
+    for j in range(lo, hi):
+        key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
+        kb = key.encode("ascii")
+        disk = _FH + len(kb) + size
+        if max_bytes is not None and disk > max_bytes:
+            tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={max_bytes}"), path)
+            continue
+        digest = xxh3(iov[0]) if len(iov) == 1 else checksum(iov)
+        items.append(
+            (path[: len(path) - len(key)], path, [header(kb, size, digest), *iov], key not in absent)
+        )
+        where.append(j - lo)
+        disks.append(disk)
+    codes = _fastio.publish_batch(items) if items else []
+    for _attempt in range(2):
+        retry = [i for i, c in enumerate(codes) if c == _ENOENT]
+        if not retry:
+            break
+        for d in dict.fromkeys(items[i][0] for i in retry):
+            try:
+                publisher.makedirs(d)
+            except OSError:
+                pass  # the retry reports the error for each page
+        for i, c in zip(retry, _fastio.publish_batch([items[i] for i in retry])):
+            codes[i] = c
+    writes = skipped = nbytes = 0
+    for i, code in enumerate(codes):
+        pos = where[i]
+        if code < 0:
+            tally.error("write_errors", OSError(-code, os.strerror(-code)), items[i][1])
+            continue
+        out[pos] = True
+        key = keys[lo + pos]
+        if code == 0:
+            writes += 1
+            nbytes += sizes[lo + pos]
+        else:
+            skipped += 1
+        if track:
+            tally.touched.append((key, disks[i]))
+    tally.add("writes", writes)
+    tally.add("skipped_writes", skipped)
+    tally.add("bytes_written", nbytes)
+    return out, tally
+
+
+def get_range(
+    slow: Callable[[int, int], tuple[list[bool], _Tally]],
+    track: bool,
+    keys: Sequence[str],
+    paths: list[str],
+    iovs: list[list[Any]],
+    sizes: list[int],
+    posts: list[Post | None] | None,
+    lo: int,
+    hi: int,
+) -> tuple[list[bool], _Tally]:
+    """Read and verify pages ``lo..hi``; anything that does not verify goes to ``slow(j, j + 1)``.
+
+    ``slow`` is the pure-Python reader over the same batch: it re-reads the page, tells a valid
+    page of another size (a plain miss) from corruption, and quarantines the latter.
+    """
+    tally = _Tally()
+    spare = bytearray(1)  # a byte read into it means trailing data
+    headers: list[bytearray] = []
+    kbs: list[bytes] = []
+    items: list[tuple[str, list[Any]]] = []
+    for j in range(lo, hi):
+        kb = keys[j].encode("ascii")
+        hdr = bytearray(_FH + len(kb))
+        headers.append(hdr)
+        kbs.append(kb)
+        items.append((paths[j], [hdr, *iovs[j], spare]))
+    codes = _fastio.read_batch(items) if items else []
+    checksum, xxh3 = fmt.checksum, fmt.xxh3_64
+    prefixes: dict[tuple[int, int], bytes] = {}
+    out: list[bool] = []
+    hits = misses = nbytes = 0
+    for i, code in enumerate(codes):
+        j = lo + i
+        if code == _ENOENT:
+            misses += 1
+            out.append(False)
+            continue
+        if code < 0:
+            tally.error("read_errors", OSError(-code, os.strerror(-code)), paths[j])
+            out.append(False)
+            continue
+        hdr, kb, iov, size = headers[i], kbs[i], iovs[j], sizes[j]
+        klen = len(kb)
+        prefix = prefixes.get((klen, size))
+        if prefix is None:
+            prefix = prefixes[klen, size] = fmt.expected_prefix(klen, size)
+        if (
+            code == _FH + klen + size
+            and hdr[:16] == prefix
+            and hdr[_FH:] == kb
+            and int.from_bytes(hdr[16:24], "little") == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
+        ):
+            if posts is not None and posts[j] is not None:
+                dst, scratch = posts[j]  # type: ignore[misc]
+                dst.copy_(scratch.view(dst.shape))
+            hits += 1
+            nbytes += size
+            if track:
+                tally.touched.append((keys[j], _FH + klen + size))
+            out.append(True)
+            continue
+        flags, sub = slow(j, j + 1)  # not a valid page of this size: classify it the careful way
+        out += flags
+        _merge(tally, sub)
+    tally.add("hits", hits)
+    tally.add("misses", misses)
+    tally.add("bytes_read", nbytes)
+    return out, tally
+
+
+def _merge(into: _Tally, part: _Tally) -> None:
+    for name, v in part.counts.items():
+        into.add(name, v)
+    into.errors += part.errors
+    into.first_error = into.first_error or part.first_error
+    into.touched += part.touched
+    into.gone += part.gone

@@ -1,0 +1,160 @@
+"""The C batch I/O path (``native_io``) against the pure-Python one: same files, same answers.
+
+Faults here are real (a file squatting on a shard directory, a directory squatting on a page,
+bytes flipped on disk), so they reach the C extension's syscalls; ``test_file_errors.py``
+patches ``os`` functions and therefore pins ``native_io: False``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from file_helpers import config, fill, files_under, pages, temp_files, zero
+from hicache_file import _native_io
+
+from hicache_core import CacheController, IoOp, MHAKVPool, MLAKVPool, open_store, page_hashes
+
+ENGINES = {"native": {"native_io": True}, "python": {"native_io": False}}
+REQUIRED = os.environ.get("HICACHE_REQUIRE_NATIVE", "") not in ("", "0")
+
+needs_native = pytest.mark.skipif(
+    not _native_io.available() and not REQUIRED, reason="hicache_file._fastio was not built"
+)
+
+
+@needs_native
+def test_native_engine_is_used_by_default(tmp_path: Path) -> None:
+    assert _native_io.available(), "HICACHE_REQUIRE_NATIVE is set but hicache_file._fastio is missing"
+    with open_store(config(tmp_path)) as store:
+        assert store.backend.io_engine == "native"
+    with open_store(config(tmp_path, options={"native_io": False})) as store:
+        assert store.backend.io_engine == "python"
+    with open_store(config(tmp_path, options={"publish": "rename"})) as store:
+        assert store.backend.io_engine == "python"  # the C path publishes with O_TMPFILE only
+    with open_store(config(tmp_path, options={"fsync": True})) as store:
+        assert store.backend.io_engine == "python"
+
+
+@needs_native
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+@pytest.mark.parametrize(("writer", "reader"), [("native", "python"), ("python", "native")])
+def test_engines_read_each_others_pages(tmp_path: Path, layout: str, writer: str, reader: str) -> None:
+    n = 24
+    kv = MHAKVPool(n, 4, 3, 2, 8, layout=layout)
+    fill(kv, 7)
+    want = pages(kv, range(n))
+    hashes = page_hashes(list(range(4 * n)), 4)
+    with CacheController(
+        config(
+            tmp_path, layout=layout, options={**ENGINES[writer], "io_threads": 3, "parallel_min_bytes": 0}
+        ),
+        kv,
+    ) as ctl:
+        res = ctl.backup(hashes, range(n))
+        assert res.ok and res.pages == n and res.skipped == 0
+    written = files_under(tmp_path)
+    zero(kv)
+    with CacheController(
+        config(
+            tmp_path, layout=layout, options={**ENGINES[reader], "io_threads": 3, "parallel_min_bytes": 0}
+        ),
+        kv,
+    ) as ctl:
+        assert ctl.prefetch(hashes, range(n)).pages == n
+        assert pages(kv, range(n)) == want
+        again = ctl.backup(hashes, range(n))
+        assert again.ok and again.skipped == n
+        assert ctl.store.backend.stats.writes == 0
+    assert files_under(tmp_path) == written
+
+
+@needs_native
+@pytest.mark.parametrize("engine", ENGINES)
+def test_set_skips_present_keys_and_keeps_them(tmp_path: Path, engine: str) -> None:
+    first, second = torch.full((300,), 1, dtype=torch.uint8), torch.full((300,), 2, dtype=torch.uint8)
+    with open_store(config(tmp_path, options=ENGINES[engine])) as store:
+        assert store.batch_io_v1(IoOp.SET, ["s.a"], [first]) == [True]
+        assert store.batch_io_v1(IoOp.SET, ["s.a", "s.b"], [second, second]) == [True, True]
+        out = [torch.zeros(300, dtype=torch.uint8) for _ in range(2)]
+        assert store.batch_io_v1(IoOp.GET, ["s.a", "s.b"], out) == [True, True]
+        assert torch.equal(out[0], first) and torch.equal(out[1], second)
+        st = store.backend.stats
+        assert (st.writes, st.skipped_writes) == (2, 1)
+
+
+@needs_native
+@pytest.mark.parametrize("engine", ENGINES)
+def test_shard_that_is_a_file_fails_only_its_pages(tmp_path: Path, engine: str) -> None:
+    """A regular file where a shard directory should be: ENOTDIR for its keys, nothing left behind."""
+    data = [torch.full((500,), i, dtype=torch.uint8) for i in range(3)]
+    with open_store(config(tmp_path, options=ENGINES[engine])) as store:
+        backend = store.backend
+        bad = os.path.dirname(backend.path_of("x.key-abc"))
+        os.makedirs(os.path.dirname(bad), exist_ok=True)
+        Path(bad).write_bytes(b"not a directory")
+        res = store.batch_io_v1(IoOp.SET, ["x.key-abc", "x.key-abd", "x.other-abc"], data)
+        assert res == [False, True, False]
+        assert backend.stats.write_errors == 2 and backend.stats.writes == 1
+        assert not temp_files(tmp_path)
+        assert store.batch_io_v1(IoOp.EXISTS, ["x.key-abc", "x.key-abd"]) == [False, True]
+
+
+@needs_native
+@pytest.mark.parametrize("engine", ENGINES)
+def test_page_that_is_a_directory_is_a_read_error(tmp_path: Path, engine: str) -> None:
+    with open_store(config(tmp_path, options=ENGINES[engine])) as store:
+        backend = store.backend
+        good = torch.arange(64, dtype=torch.uint8)
+        assert store.batch_io_v1(IoOp.SET, ["d.good"], [good]) == [True]
+        os.makedirs(backend.path_of("d.dir"))
+        out = [torch.zeros(64, dtype=torch.uint8) for _ in range(2)]
+        assert store.batch_io_v1(IoOp.GET, ["d.dir", "d.good"], out) == [False, True]
+        assert torch.equal(out[1], good)
+        assert backend.stats.read_errors == 1 and backend.stats.integrity_errors == 0
+
+
+@needs_native
+@pytest.mark.parametrize("engine", ENGINES)
+def test_corrupt_and_resized_pages(tmp_path: Path, engine: str) -> None:
+    """A flipped byte is quarantined; a valid page of another size is a plain miss."""
+    kv = MLAKVPool(4, 4, 2, 16)
+    fill(kv, 3)
+    hashes = page_hashes(list(range(16)), 4)
+    with CacheController(config(tmp_path, is_mla_model=True, options=ENGINES[engine]), kv) as ctl:
+        assert ctl.backup(hashes, range(4)).ok
+        backend = ctl.store.backend
+        keys = [ks[0] for ks in ctl.store.page_keys("kv", hashes)]
+        path = backend.path_of(keys[1])
+        raw = bytearray(Path(path).read_bytes())
+        raw[-5] ^= 0xFF
+        Path(path).write_bytes(raw)
+        zero(kv)
+        res = ctl.prefetch(hashes, range(4))
+        assert res.pages == 1 and backend.stats.integrity_errors == 1
+        assert not os.path.exists(path), "a corrupt page is removed so the next backup rewrites it"
+        small = torch.zeros(8, dtype=torch.uint8)
+        assert ctl.store.batch_io_v1(IoOp.GET, [keys[0]], [small]) == [False]
+        assert backend.stats.size_mismatches == 1 and backend.stats.integrity_errors == 1
+
+
+@needs_native
+def test_fastio_rejects_malformed_items(tmp_path: Path) -> None:
+    fastio = _native_io._fastio
+    assert fastio is not None
+    with pytest.raises(ValueError):
+        fastio.read_batch([("p",)])
+    with pytest.raises(ValueError):
+        fastio.read_batch([(str(tmp_path / "p"), [])])
+    with pytest.raises(TypeError):
+        fastio.read_batch([(b"bytes-path", [bytearray(1)])])
+    with pytest.raises(TypeError):
+        fastio.read_batch([(str(tmp_path / "p"), [object()])])
+    with pytest.raises(BufferError):
+        fastio.read_batch([(str(tmp_path / "p"), [b"read-only"])])
+    with pytest.raises(TypeError):
+        fastio.publish_batch([(str(tmp_path), str(tmp_path / "p"), "not a list", True)])
+    assert fastio.read_batch([]) == [] and fastio.publish_batch([]) == []
+    assert fastio.read_batch([(str(tmp_path / "missing"), [bytearray(4)])]) == [-2]
