@@ -7,15 +7,16 @@
  * threads spend their time handing the GIL to each other instead of overlapping in the kernel.
  * Here one call takes the buffers of a whole range of pages (with the GIL), then releases the
  * GIL once and issues every syscall of the range. Python keeps everything else: paths, headers,
- * checksums, verification and every error decision (see hicache_file._fastpath).
+ * checksums, verification and every error decision (see hicache_file._native_io).
  *
  *   publish_batch(items) -> list[int]
  *       items: sequence of (shard_dir: str, path: str, buffers: sequence, check_exists: bool).
  *       Per item: if check_exists and path exists -> 1. Else open an unnamed O_TMPFILE inode in
- *       shard_dir, write all buffers (gathered), link it to path through
- *       /proc/self/fd and close it. Result 0 = published, 1 = already present (skipped or
- *       EEXIST from the link: another writer won, its page is kept), -errno = failed (nothing
- *       is left behind: an unlinked O_TMPFILE inode is freed by the kernel on close).
+ *       shard_dir, write all buffers (gathered), link it to path (linkat with AT_EMPTY_PATH
+ *       when the process may, else through /proc/self/fd) and close it. Result 0 = published,
+ *       1 = already present (skipped, or EEXIST from the link: another writer won and its page
+ *       is kept), -errno = failed (nothing is left behind: an unlinked O_TMPFILE inode is freed
+ *       by the kernel on close).
  *
  *   read_batch(items) -> list[int]
  *       items: sequence of (path: str, buffers: sequence of writable buffers).
@@ -200,6 +201,33 @@ static long write_all(int fd, struct iovec *iov, int cnt) {
     return 0;
 }
 
+#ifdef O_TMPFILE
+/* Whether linkat(fd, "", ..., AT_EMPTY_PATH) works for this process: it needs
+ * CAP_DAC_READ_SEARCH (ENOENT without it). 1 yes, 0 no, -1 not known yet. A benign race: every
+ * thread that sees -1 probes, and all of them store the same answer. */
+static volatile int empty_path_ok = -1;
+
+/* Give the unnamed inode behind fd the name path. 0 linked, 1 path exists (EEXIST), -errno. */
+static long link_fd(int fd, const char *path) {
+#ifdef AT_EMPTY_PATH
+    if (empty_path_ok != 0) {
+        if (linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH) == 0) {
+            empty_path_ok = 1;
+            return 0;
+        }
+        if (errno == EEXIST) return 1;
+        if (errno != ENOENT && errno != EPERM) return -errno;
+        /* ENOENT/EPERM: no capability, or the shard directory is gone; /proc tells which. */
+    }
+#endif
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    if (linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) != 0) return errno == EEXIST ? 1 : -errno;
+    if (empty_path_ok == -1) empty_path_ok = 0; /* /proc worked where AT_EMPTY_PATH did not */
+    return 0;
+}
+#endif
+
 static long publish_one(Item *it, struct iovec *iov) {
 #ifdef O_TMPFILE
     if (it->check_exists && access(it->path, F_OK) == 0) return 1;
@@ -209,12 +237,7 @@ static long publish_one(Item *it, struct iovec *iov) {
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) return -errno;
     long rc = write_all(fd, iov, (int)it->count);
-    if (rc == 0) {
-        char proc[64];
-        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-        if (linkat(AT_FDCWD, proc, AT_FDCWD, it->path, AT_SYMLINK_FOLLOW) != 0)
-            rc = errno == EEXIST ? 1 : -errno;
-    }
+    if (rc == 0) rc = link_fd(fd, it->path);
     close(fd);
     return rc;
 #else
