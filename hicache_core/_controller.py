@@ -12,20 +12,19 @@ import itertools
 import logging
 import threading
 import warnings
-from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ._config import StorageConfig
 from ._errors import BackendTimeoutError, BatchShapeError, ConfigError, HiCacheError, PoolError
-from ._keys import check_page_hashes
+from ._keys import ValidHashes
+from ._plan import IndexLike, Plan, assign, chunks, mark, new_flags, plan_request, restorable, usable
 from ._pool_group import HostPoolGroup
 from ._pools import HostPool
 from ._prefetch import PrefetchHandle
-from ._results import QueryResult, TransferResult, leading_run
+from ._results import QueryResult, TransferResult
 from ._store import Store
 from ._types import DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
 
@@ -33,29 +32,10 @@ __all__ = ["CacheController", "DraftOffloadDisabledWarning", "PrefetchHandle"]
 
 log = logging.getLogger("hicache")
 T = TypeVar("T")
-IndexLike = Sequence[int] | Any
 
 
 class DraftOffloadDisabledWarning(UserWarning):
     """Draft KV offload was disabled for this store (the message says why)."""
-
-
-@dataclass
-class _Plan:
-    """One pool's share of a request: page positions and the host pages that hold them."""
-
-    name: PoolName
-    pool: HostPool
-    positions: list[int]
-    indices: list[int]
-
-    def window(self, start: int, stop: int) -> _Plan:
-        """The part of this plan whose positions fall in ``[start, stop)`` (positions ascend)."""
-        pos = self.positions
-        if not pos or (pos[0] >= start and pos[-1] < stop):
-            return self
-        lo, hi = bisect_left(pos, start), bisect_left(pos, stop)
-        return _Plan(self.name, self.pool, pos[lo:hi], self.indices[lo:hi])
 
 
 class CacheController:
@@ -117,7 +97,7 @@ class CacheController:
             if name is PoolName.DRAFT and self._draft_path is None:
                 continue
             store.register_pool(name, pool)
-        self._io: Callable[[IoOp, list[_Plan]], list[list[bool]]] = (
+        self._io: Callable[[IoOp, list[Plan]], list[list[bool]]] = (
             self._io_v2 if self.io_path == "v2" else self._io_v1
         )
         self._draft_io_fn = {"v2": self._io_v2, "v1": self._io_v1, None: None}[self._draft_path]
@@ -162,74 +142,32 @@ class CacheController:
     # --------------------------------------------------------------- planning
     def _plans(
         self, n: int, host_indices: IndexLike, extra: Mapping[PoolName | str, IndexLike] | None
-    ) -> tuple[list[_Plan], _Plan | None]:
-        kv_idx = self.pools.anchor.check_indices(host_indices)
-        if len(kv_idx) != n:
-            raise BatchShapeError(
-                f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
-            )
-        given: dict[PoolName, IndexLike] = {}
-        for name, idx in (extra or {}).items():
-            try:
-                pool_name = PoolName(name)
-            except ValueError:
-                raise PoolError(
-                    f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}"
-                ) from None
-            if pool_name not in self.pools or pool_name is PoolName.KV:
-                raise PoolError(
-                    f"extra indices for pool {str(name)!r}, which is not a sidecar pool of this group "
-                    f"({[p.value for p in self.pools if p is not PoolName.KV]})"
-                )
-            given[pool_name] = idx
-        plans = [_Plan(PoolName.KV, self.pools.anchor, list(range(n)), kv_idx)]
-        draft: _Plan | None = None
-        for name, pool in self.pools.items():
-            if name is PoolName.KV:
-                continue
-            if name in given:
-                idx = pool.check_indices(given[name])
-            elif pool.hit_policy is HitPolicy.ALL_PAGES:
-                idx = pool.check_indices(kv_idx)  # sidecars share the KV page slots by default
-            else:
-                continue  # trailing-state pools move only when their slots are given
-            if pool.hit_policy is HitPolicy.TRAILING_PAGES:
-                if len(idx) > n:
-                    raise BatchShapeError(
-                        f"{len(idx)} host slots for trailing pool {name.value!r} but only {n} pages"
-                    )
-                positions = list(range(n - len(idx), n))
-            else:
-                if len(idx) != n:
-                    raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
-                positions = list(range(n))
-            plan = _Plan(name, pool, positions, idx)
-            if name is PoolName.DRAFT:
-                draft = plan if self.draft_enabled else None
-            else:
-                plans.append(plan)
-        return plans, draft
+    ) -> tuple[list[Plan], Plan | None]:
+        return plan_request(self.pools, n, host_indices, extra, self._draft_path is not None)
 
     def _chunks(self, n: int) -> list[tuple[int, int]]:
-        step = self.settings.batch_pages
-        return [(s, min(s + step, n)) for s in range(0, n, step)]
+        return chunks(n, self.settings.batch_pages)
 
     # --------------------------------------------------------------- raw I/O
-    def _io_v2(self, op: IoOp, plans: list[_Plan]) -> list[list[bool]]:
+    def _io_v2(self, op: IoOp, plans: list[Plan]) -> list[list[bool]]:
         transfers = []
+        all_hashes = self._hashes
         for p in plans:
-            all_hashes = self._hashes
             pos = p.positions
-            hashes = all_hashes if len(pos) == len(all_hashes) else [all_hashes[i] for i in pos]
+            hashes = all_hashes if len(pos) == len(all_hashes) else all_hashes.pick(pos)
             keys = self._keys_for(p) if hashes else []
+            policy = p.pool.hit_policy
+            if type(policy) is not HitPolicy:
+                policy = HitPolicy(policy)
+            # Every field is final: a PoolName, ints from check_indices, valid hashes, key tuples.
             transfers.append(
-                PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, tuple(keys))
+                PoolTransfer._trusted(p.name, tuple(p.indices), tuple(hashes), policy, tuple(keys))
             )
         return self._guard(
             op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
         )
 
-    def _io_v1(self, op: IoOp, plans: list[_Plan]) -> list[list[bool]]:
+    def _io_v1(self, op: IoOp, plans: list[Plan]) -> list[list[bool]]:
         keys: list[str] = []
         views: list[Any] = []
         ncomp = []
@@ -265,7 +203,7 @@ class CacheController:
 
     def _guard(self, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]) -> list[list[bool]]:
         try:
-            return self._bounded(call)
+            return call() if self.settings.io_timeout_s is None else self._bounded(call)
         except Exception as err:
             msg = f"backend {self.store.name!r} failed {op.value} of {sum(sizes)} entries: {type(err).__name__}: {err}"
             log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
@@ -328,11 +266,11 @@ class CacheController:
             raise HiCacheError("CacheController is closed")
         return self._executor.submit(fn)
 
-    def _check_hashes(self, page_hashes: Sequence[str]) -> list[str]:
+    def _check_hashes(self, page_hashes: Sequence[str]) -> tuple[str, ...]:
         if isinstance(page_hashes, (str, bytes)):
             raise BatchShapeError("page_hashes must be a sequence of hash strings, not a single string")
         try:
-            return list(page_hashes)
+            return tuple(page_hashes)
         except TypeError:
             raise BatchShapeError(
                 f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
@@ -346,18 +284,18 @@ class CacheController:
         extra: Any,
         stop: threading.Event | None = None,
     ) -> Callable[[], TransferResult]:
-        hashes = self._check_hashes(page_hashes)
-        plans, draft = self._plans(len(hashes), host_indices, extra)
-        check_page_hashes(hashes)
+        listed = self._check_hashes(page_hashes)
+        plans, draft = self._plans(len(listed), host_indices, extra)
+        hashes = ValidHashes(listed)  # checked once: the key hook trusts a ValidHashes
         if kind == "backup":
             return lambda: self._scoped(self._run_backup, hashes, plans, draft)
         return lambda: self._scoped(self._run_prefetch, hashes, plans, draft, stop)
 
     def _prepare_query(self, page_hashes: Sequence[str], window: int) -> Callable[[], QueryResult]:
-        hashes = self._check_hashes(page_hashes)
+        listed = self._check_hashes(page_hashes)
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise BatchShapeError(f"trailing_window must be >= 1, got {window}")
-        check_page_hashes(hashes)
+        hashes = ValidHashes(listed)
         return lambda: self._scoped(self._run_query, hashes, window)
 
     def _scoped(self, fn: Callable[..., T], *args: Any) -> T:
@@ -365,28 +303,43 @@ class CacheController:
         self._local.hashes, self._local.errors, self._local.keycache = None, [], {}
         return fn(*args)
 
-    def _keys_for(self, p: _Plan) -> list[tuple[str, ...]]:
-        """Keys of ``p``'s pages, resolved through the hook once per page per operation."""
-        cache: dict[int, tuple[str, ...]] = self._local.keycache.setdefault(p.name, {})
-        todo = [i for i in p.positions if i not in cache]
+    def _keys_for(self, p: Plan) -> Sequence[tuple[str, ...]]:
+        """Keys of ``p``'s pages, resolved through the hook once per page per operation.
+
+        Per pool, ``keycache`` holds a tuple of every position's keys once all are resolved,
+        else a list with ``None`` for positions not resolved yet. Each entry is made a tuple
+        once, so transfers take the keys as they are.
+        """
+        hashes, pos = self._hashes, p.positions
+        n = len(hashes)
+        caches: dict[PoolName, Any] = self._local.keycache
+        cache = caches.get(p.name)
+        if cache is None:
+            if len(pos) == n:  # the whole request at once (positions ascend: they are 0..n-1)
+                keys = caches[p.name] = tuple(map(tuple, self.store.page_keys(p.name, hashes)))
+                return keys
+            cache = caches[p.name] = [None] * n
+        elif type(cache) is tuple:
+            return cache if len(pos) == n else list(map(cache.__getitem__, pos))
+        todo = [i for i in pos if cache[i] is None]
         if todo:
-            hashes = self._hashes
-            sub = hashes if len(todo) == len(hashes) else [hashes[i] for i in todo]
-            cache.update(zip(todo, self.store.page_keys(p.name, sub)))
-        return [cache[i] for i in p.positions]
+            resolved = self.store.page_keys(p.name, hashes if len(todo) == n else hashes.pick(todo))
+            for i, k in zip(todo, resolved):
+                cache[i] = tuple(k)
+        return cache if len(pos) == n else list(map(cache.__getitem__, pos))
 
     @property
-    def _hashes(self) -> list[str]:
+    def _hashes(self) -> ValidHashes:
         return self._local.hashes  # type: ignore[no-any-return]
 
     @property
     def _errors(self) -> list[str]:
         return self._local.errors  # type: ignore[no-any-return]
 
-    def _run_backup(self, hashes: list[str], plans: list[_Plan], draft: _Plan | None) -> TransferResult:
+    def _run_backup(self, hashes: ValidHashes, plans: list[Plan], draft: Plan | None) -> TransferResult:
         self._local.hashes = hashes
         n = len(hashes)
-        flags = {p.name: [False] * len(p.positions) for p in plans}
+        flags, base = new_flags(plans)
         skipped = 0
         owner = self.config.tp_rank == 0
         for start, stop in self._chunks(n):
@@ -394,53 +347,31 @@ class CacheController:
             writable = [c for c in chunk if c.positions and (owner or not c.pool.rank_replicated)]
             for c in chunk:
                 if c not in writable:  # rank-replicated data: rank 0 writes it
-                    self._mark(flags, plans, c, [True] * len(c.positions))
+                    mark(flags[c.name], base[c.name], c.positions, [True] * len(c.positions))
                     skipped += len(c.positions)
             if not writable:
                 continue
             present = self._io(IoOp.EXISTS, writable)
             missing = []
             for c, ex in zip(writable, present):
-                self._mark(flags, plans, c, ex)
+                mark(flags[c.name], base[c.name], c.positions, ex)
                 skipped += sum(ex)
-                sel = [i for i, e in enumerate(ex) if not e]
-                if sel:
-                    missing.append(
-                        _Plan(c.name, c.pool, [c.positions[i] for i in sel], [c.indices[i] for i in sel])
-                    )
+                todo = c.missing(ex)
+                if todo is not None:
+                    missing.append(todo)
             if missing:
                 for c, ok in zip(missing, self._io(IoOp.SET, missing)):
-                    self._mark(flags, plans, c, ok)
+                    mark(flags[c.name], base[c.name], c.positions, ok)
         draft_flags = self._draft_op(IoOp.SET, draft) if draft is not None else None
         return TransferResult(
-            pages=self._usable(plans, flags, n),
+            pages=usable(plans, flags, n),
             per_pool=flags,
             draft=draft_flags,
             skipped=skipped,
             errors=tuple(self._errors),
         )
 
-    @staticmethod
-    def _mark(flags: dict[PoolName, list[bool]], plans: list[_Plan], part: _Plan, ok: Sequence[bool]) -> None:
-        plan = next(p for p in plans if p.name is part.name)
-        first = plan.positions[0] if plan.positions else 0
-        out = flags[part.name]
-        for pos, v in zip(part.positions, ok):
-            if v:
-                out[pos - first] = True
-
-    @staticmethod
-    def _usable(plans: list[_Plan], flags: dict[PoolName, list[bool]], n: int) -> int:
-        pages = n
-        for p in plans:
-            f = flags[p.name]
-            if p.pool.hit_policy is HitPolicy.ALL_PAGES:
-                pages = min(pages, leading_run(f))
-            elif not all(f):
-                pages = 0  # state at the end of the prefix is missing: nothing is resumable
-        return pages
-
-    def _draft_op(self, op: IoOp, draft: _Plan) -> list[bool]:
+    def _draft_op(self, op: IoOp, draft: Plan) -> list[bool]:
         """Draft I/O in its own calls, so a draft failure never touches the target pages."""
         assert self._draft_io_fn is not None
         saved = list(self._errors)
@@ -458,7 +389,7 @@ class CacheController:
                         out[part.positions[i] - base] = e
                     if not todo:
                         continue
-                    part = _Plan(
+                    part = Plan(
                         part.name,
                         part.pool,
                         [part.positions[i] for i in todo],
@@ -474,7 +405,7 @@ class CacheController:
             log.warning("hicache: draft offload error (target pages unaffected): %s", message)
         return out
 
-    def _exists_all(self, hashes: list[str], plans: list[_Plan]) -> dict[PoolName, list[bool]]:
+    def _exists_all(self, hashes: ValidHashes, plans: list[Plan]) -> dict[PoolName, list[bool]]:
         """Existence of every page of every plan, stopping after the chunk where the KV prefix ends."""
         found = {p.name: [False] * len(hashes) for p in plans}
         for start, stop in self._chunks(len(hashes)):
@@ -482,91 +413,69 @@ class CacheController:
             res = self._io(IoOp.EXISTS, chunk)
             done = False
             for c, ex in zip(chunk, res):
-                for pos, e in zip(c.positions, ex):
-                    found[c.name][pos] = e
+                assign(found[c.name], c.positions, ex)
                 if c.pool.hit_policy is HitPolicy.ALL_PAGES and not all(ex):
                     done = True
             if done:
                 break
         return found
 
-    def _restorable(
-        self, plans: list[_Plan], found: dict[PoolName, list[bool]], window: int
-    ) -> tuple[int, dict[PoolName, int]]:
-        per_pool: dict[PoolName, int] = {}
-        run = len(next(iter(found.values()))) if found else 0
-        for p in plans:
-            if p.pool.hit_policy is HitPolicy.ALL_PAGES:
-                per_pool[p.name] = leading_run(found[p.name])
-                run = min(run, per_pool[p.name])
-        pages = run
-        for p in plans:
-            if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
-                f, best = found[p.name], 0
-                for m in range(run, 0, -1):
-                    if all(f[max(0, m - window) : m]):
-                        best = m
-                        break
-                per_pool[p.name] = best
-                pages = min(pages, best)
-        return pages, per_pool
-
-    def _run_query(self, hashes: list[str], window: int) -> QueryResult:
+    def _run_query(self, hashes: ValidHashes, window: int) -> QueryResult:
         self._local.hashes = hashes
         n = len(hashes)
         plans = [
-            _Plan(name, pool, list(range(n)), [0] * n)
+            Plan(name, pool, list(range(n)), [0] * n)
             for name, pool in self.pools.items()
             if name is not PoolName.DRAFT
         ]
         if n == 0:
             return QueryResult(0, {p.name: 0 for p in plans})
-        pages, per_pool = self._restorable(plans, self._exists_all(hashes, plans), window)
+        pages, per_pool = restorable(plans, self._exists_all(hashes, plans), window)
         return QueryResult(pages, per_pool, tuple(self._errors))
 
     def _run_prefetch(
-        self, hashes: list[str], plans: list[_Plan], draft: _Plan | None, stop: threading.Event | None
+        self, hashes: ValidHashes, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
     ) -> TransferResult:
         self._local.hashes = hashes
         n = len(hashes)
         windows = [len(p.positions) for p in plans if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
         if not windows and self.settings.prefetch_threshold <= 1:
             return self._prefetch_direct(n, plans, draft, stop)
-        probe = [_Plan(p.name, p.pool, list(range(n)), [0] * n) for p in plans]
+        probe = [Plan(p.name, p.pool, list(range(n)), [0] * n) for p in plans]
         found = self._exists_all(hashes, probe) if n else {p.name: [] for p in plans}
-        pages, _ = self._restorable(probe, found, max(windows, default=1)) if n else (0, {})
+        pages, _ = restorable(probe, found, max(windows, default=1)) if n else (0, {})
         empty: dict[PoolName, list[bool]] = {p.name: [] for p in plans}
         if pages < max(1, self.settings.prefetch_threshold) or pages == 0:
             return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(self._errors))
         # Re-aim every plan at the restorable prefix [0, pages).
-        target: list[_Plan] = []
+        target: list[Plan] = []
         for p in plans:
             if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
                 k = min(len(p.indices), pages)
                 target.append(
-                    _Plan(p.name, p.pool, list(range(pages - k, pages)), p.indices[len(p.indices) - k :])
+                    Plan(p.name, p.pool, list(range(pages - k, pages)), p.indices[len(p.indices) - k :])
                 )
             else:
                 target.append(p.window(0, pages))
         draft_flags = None
         if draft is not None:
             draft_flags = self._draft_op(IoOp.GET, draft.window(0, pages))
-        flags = {p.name: [False] * len(p.positions) for p in target}
+        flags, base = new_flags(target)
         for start, end in self._chunks(pages):
             if stop is not None and stop.is_set():
                 break
-            chunk = [c for c in (p.window(start, end) for p in target) if c.positions]
+            chunk = [c for p in target if (c := p.window(start, end)).positions]
             for c, ok in zip(chunk, self._io(IoOp.GET, chunk)):
-                self._mark(flags, target, c, ok)
+                mark(flags[c.name], base[c.name], c.positions, ok)
         return TransferResult(
-            pages=self._usable(target, flags, pages),
+            pages=usable(target, flags, pages),
             per_pool=flags,
             draft=draft_flags,
             errors=tuple(self._errors),
         )
 
     def _prefetch_direct(
-        self, n: int, plans: list[_Plan], draft: _Plan | None, stop: threading.Event | None
+        self, n: int, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
     ) -> TransferResult:
         """Prefetch without an existence pass: GET batch by batch, stop after the first miss.
 
@@ -574,21 +483,21 @@ class CacheController:
         leading run of fully read pages is the usable prefix. At most one batch past the end of
         the prefix is read in vain; the existence round trip is saved on every batch.
         """
-        flags = {p.name: [False] * len(p.positions) for p in plans}
+        flags, base = new_flags(plans)
         draft_flags: list[bool] | None = [] if draft is not None else None
         for start, end in self._chunks(n):
             if stop is not None and stop.is_set():
                 break
             if draft is not None and draft_flags is not None:
                 draft_flags += self._draft_op(IoOp.GET, draft.window(start, end))  # draft first
-            chunk = [c for c in (p.window(start, end) for p in plans) if c.positions]
+            chunk = [c for p in plans if (c := p.window(start, end)).positions]
             complete = True
             for c, ok in zip(chunk, self._io(IoOp.GET, chunk)):
-                self._mark(flags, plans, c, ok)
+                mark(flags[c.name], base[c.name], c.positions, ok)
                 complete = complete and all(ok)
             if not complete:
                 break
-        pages = self._usable(plans, flags, n)
+        pages = usable(plans, flags, n)
         if draft is not None and draft_flags is not None:
             draft_flags += [False] * (len(draft.positions) - len(draft_flags))  # batches not reached
         return TransferResult(pages=pages, per_pool=flags, draft=draft_flags, errors=tuple(self._errors))

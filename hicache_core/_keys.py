@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ._errors import KeyFormatError, PoolError
@@ -31,7 +31,14 @@ from .hookspecs import hookimpl
 if TYPE_CHECKING:  # pragma: no cover
     from ._pools import HostPool
 
-__all__ = ["DefaultPageKeys", "KeyScheme", "check_key", "check_page_hash", "check_page_hashes"]
+__all__ = [
+    "DefaultPageKeys",
+    "KeyScheme",
+    "ValidHashes",
+    "check_key",
+    "check_page_hash",
+    "check_page_hashes",
+]
 
 MAX_HASH_LEN = 128
 MAX_KEY_LEN = 255
@@ -41,17 +48,75 @@ _SLUG_RE = re.compile(r"[^A-Za-z0-9_-]+")
 _HASHES_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}(?:\n[A-Za-z0-9][A-Za-z0-9_-]{0,127})*")
 
 
+_HASH_BYTES = bytes(c for c in range(128) if chr(c).isalnum() or chr(c) in "_-")  # [A-Za-z0-9_-]
+
+
 def check_page_hashes(page_hashes: Sequence[str]) -> None:
-    """Validate many page hashes with one regex match (C speed); raise like check_page_hash."""
+    """Validate many page hashes at C speed; raise like check_page_hash.
+
+    A :class:`ValidHashes` passed validation when it was built and is accepted as is.
+    """
+    if type(page_hashes) is not ValidHashes:
+        _check_all(page_hashes)
+
+
+def _check_all(page_hashes: Sequence[str]) -> None:
     if not page_hashes:
         return
     try:
         joined = "\n".join(page_hashes)
     except TypeError:
         joined = ""
-    if joined.count("\n") != len(page_hashes) - 1 or not _HASHES_RE.fullmatch(joined):
+    n = len(page_hashes)
+    if _uniform_valid(joined, n):
+        return
+    if joined.count("\n") != n - 1 or not _HASHES_RE.fullmatch(joined):
         for h in page_hashes:
             check_page_hash(h)
+
+
+def _uniform_valid(joined: str, n: int) -> bool:
+    """True if ``joined`` (``"\\n".join`` of ``n`` hashes) is ``n`` valid page hashes of one length.
+
+    A fast path for the usual batch (digests of one length); ``False`` only means "not shown
+    here", and the caller falls back to the exact check.
+    """
+    size = joined.find("\n") if n > 1 else len(joined)
+    if not 0 < size <= MAX_HASH_LEN or len(joined) != n * (size + 1) - 1 or not joined.isascii():
+        return False
+    raw = joined.encode("ascii")
+    seps = b"\n" * (n - 1)
+    # Besides [A-Za-z0-9_-] only n - 1 newlines, and they sit every size + 1 characters: they are
+    # the separators, so every hash has `size` allowed characters; each starts with [A-Za-z0-9].
+    return (
+        raw.translate(None, _HASH_BYTES) == seps
+        and raw[size :: size + 1] == seps
+        and raw[:: size + 1].isalnum()
+    )
+
+
+class ValidHashes(tuple[str, ...]):
+    """Page hashes that passed :func:`check_page_hashes`: building one validates them.
+
+    A tuple, so its elements cannot change after validation; :func:`check_page_hashes` (and
+    so the default ``hicache_page_keys``) accepts an exact ``ValidHashes`` without checking it
+    again. Any other sequence, subclasses included, is checked in full.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, page_hashes: Iterable[str] = ()) -> ValidHashes:
+        # An immutable copy is what gets checked and kept (an exact tuple is immutable already).
+        items = page_hashes if type(page_hashes) is tuple else tuple(page_hashes)
+        _check_all(items)
+        return super().__new__(cls, items)
+
+    def pick(self, positions: Iterable[int]) -> ValidHashes:
+        """The hashes at ``positions``, in that order (taken from valid hashes: not checked again)."""
+        picked = map(self.__getitem__, positions)
+        if type(self) is ValidHashes:
+            return tuple.__new__(ValidHashes, picked)
+        return ValidHashes(picked)  # a subclass may redefine item access: check
 
 
 class _KeyConfig(Protocol):
@@ -171,4 +236,7 @@ class DefaultPageKeys:
         if len(prefixes) == 1:
             p0 = prefixes[0]
             return [(p0 + h,) for h in page_hashes]
+        if len(prefixes) == 2:  # MHA k/v
+            p0, p1 = prefixes
+            return [(p0 + h, p1 + h) for h in page_hashes]
         return list(zip(*[[p + h for h in page_hashes] for p in prefixes]))

@@ -196,17 +196,19 @@ class HostPool:
         """Validate host page indices and return them as a list of ints."""
         tolist = getattr(indices, "tolist", None)
         try:
-            out = [operator.index(i) for i in (tolist() if tolist is not None else indices)]
+            out = _as_indices(tolist() if tolist is not None else indices)
         except TypeError:
             raise BatchShapeError(
                 f"host page indices must be integers (a sequence of int or an integer tensor), got {indices!r:.80}"
             ) from None
-        if out and (min(out) < 0 or max(out) >= self.num_pages):
-            bad = next(i for i in out if i < 0 or i >= self.num_pages)
-            raise BatchShapeError(
-                f"host page index {bad} is out of range for {type(self).__name__} with "
-                f"{self.num_pages} pages (valid: 0..{self.num_pages - 1})"
-            )
+        if out:
+            low, high = _bounds(out)
+            if low < 0 or high >= self.num_pages:
+                bad = next(i for i in out if i < 0 or i >= self.num_pages)
+                raise BatchShapeError(
+                    f"host page index {bad} is out of range for {type(self).__name__} with "
+                    f"{self.num_pages} pages (valid: 0..{self.num_pages - 1})"
+                )
         return out
 
     def page_views(self, indices: Iterable[int]) -> list[tuple[torch.Tensor, ...]]:
@@ -249,6 +251,36 @@ class HostPool:
             f"layout={self.layout.value}, components={list(self.components)}, "
             f"page_nbytes={self.page_nbytes}, {state})"
         )
+
+
+def _as_indices(values: Iterable[int]) -> list[int]:
+    """``[operator.index(v) for v in values]``, at C speed for lists and tuples of ints and ranges.
+
+    ``operator.index`` returns an exact ``int`` unchanged, so a list or tuple holding only
+    exact ints (the usual input; ``tolist()`` gives one) is copied as is; anything else
+    (bool, numpy or tensor scalars, bad values) takes the per-element path.
+    """
+    kind = type(values)
+    if kind is range:
+        return list(values)
+    if kind is list or kind is tuple:
+        out = list(values)  # check the copy: what is returned is what was checked
+        if operator.countOf(map(type, out), int) == len(out):
+            return out
+    return [operator.index(i) for i in values]
+
+
+def _bounds(values: list[int]) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty list of exact ints.
+
+    ``sorted`` compares exact ints without rich comparison, so for batches up to 128 it beats
+    ``min()`` + ``max()`` (and is linear when they ascend); larger random batches would pay
+    n log n.
+    """
+    if len(values) <= 128:
+        ordered = sorted(values)
+        return ordered[0], ordered[-1]
+    return min(values), max(values)
 
 
 def _runs(idx: list[int]) -> list[tuple[int, int]]:

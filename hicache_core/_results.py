@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import compress, count
+from operator import not_
 
 from ._types import PoolName
 
@@ -11,10 +13,15 @@ __all__ = ["QueryResult", "TransferResult", "leading_run"]
 
 
 def leading_run(flags: Sequence[bool]) -> int:
-    """Length of the leading run of ``True`` (the prefix length for chained page hashes)."""
-    for i, ok in enumerate(flags):
-        if not ok:
-            return i
+    """Length of the leading run of ``True`` (the prefix length for chained page hashes).
+
+    Any falsy entry ends the run. Runs at C speed: ``all`` for the usual all-true list, else
+    the index of the first falsy entry.
+    """
+    if type(flags) in (list, tuple) and all(flags):
+        return len(flags)
+    for i in compress(count(), map(not_, flags)):
+        return i
     return len(flags)
 
 

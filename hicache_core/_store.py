@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from operator import countOf
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -24,7 +25,7 @@ from ._errors import (
     OptionsError,
     PoolError,
 )
-from ._keys import DefaultPageKeys
+from ._keys import DefaultPageKeys, ValidHashes
 from ._registry import availability, load_backend_class, load_extension_class
 from ._types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
 
@@ -37,6 +38,9 @@ __all__ = ["Store", "open_store", "validate_options"]
 
 log = logging.getLogger("hicache")
 TRACE_ENV = "HICACHE_TRACE"
+
+
+_SEQUENCES = (list, tuple, ValidHashes)  # sequences and never str/bytes: no ABC check needed
 
 
 def _io_op(op: object) -> IoOp:
@@ -171,12 +175,16 @@ class Store:
 
     # -------------------------------------------------------------------- I/O
     def page_keys(self, pool_name: PoolName | str, page_hashes: Sequence[str]) -> list[tuple[str, ...]]:
-        if isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence):
+        if type(page_hashes) not in _SEQUENCES and (
+            isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence)
+        ):
             raise BatchShapeError(
                 f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
             )
+        if type(pool_name) is not PoolName:
+            pool_name = _pool_name(pool_name)
         result = self._call(
-            "hicache_page_keys", self._hook_keys, pool_name=_pool_name(pool_name), page_hashes=page_hashes
+            "hicache_page_keys", self._hook_keys, pool_name=pool_name, page_hashes=page_hashes
         )
         if result is None or len(result) != len(page_hashes):
             raise BackendContractError(
@@ -188,7 +196,8 @@ class Store:
     def batch_io_v1(
         self, op: IoOp | str, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None = None
     ) -> list[bool]:
-        op = _io_op(op)
+        if type(op) is not IoOp:
+            op = _io_op(op)
         if op is IoOp.EXISTS:
             buffers = None
         elif buffers is None or len(buffers) != len(keys):
@@ -204,7 +213,8 @@ class Store:
         return self._check_flags("hicache_batch_io_v1", result, len(keys))
 
     def batch_io_v2(self, op: IoOp | str, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
-        op = _io_op(op)
+        if type(op) is not IoOp:
+            op = _io_op(op)
         if not self.capabilities.v2:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v2 I/O")
         for t in transfers:
@@ -236,7 +246,7 @@ class Store:
             raise BackendContractError(
                 f"backend {self.name!r}: {hook} returned None; it must return one bool per entry ({n})"
             )
-        if len(result) != n or (n and {*map(type, result)} != {bool}):
+        if len(result) != n or (n and countOf(map(type, result), bool) != n):
             raise BackendContractError(
                 f"backend {self.name!r}: {hook} must return a list of exactly {n} bools, got "
                 f"{len(result)} entries of types {sorted({type(x).__name__ for x in result})}"

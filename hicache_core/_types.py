@@ -171,6 +171,27 @@ class PoolTransfer:
     def __len__(self) -> int:
         return len(self.page_hashes)
 
+    @classmethod
+    def _trusted(
+        cls,
+        pool: PoolName,
+        host_indices: tuple[int, ...],
+        page_hashes: tuple[str, ...],
+        hit_policy: HitPolicy,
+        keys: tuple[tuple[str, ...], ...],
+    ) -> PoolTransfer:
+        """Build without ``__post_init__``, for the controller, whose fields are already final.
+
+        The caller guarantees what ``__post_init__`` would establish: enum members, a tuple of
+        exact ``int`` host indices, tuples of hashes and keys (each key entry a tuple), and
+        matching lengths. Anyone else: use the constructor.
+        """
+        self = object.__new__(cls)
+        self.__dict__.update(
+            pool=pool, host_indices=host_indices, page_hashes=page_hashes, hit_policy=hit_policy, keys=keys
+        )
+        return self
+
 
 def _as_int_tuple(values: Iterable[int] | Any) -> tuple[int, ...]:
     tolist = getattr(values, "tolist", None)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from file_helpers import config, fill, files_under, pages, temp_files, zero
+from file_helpers import config, files_under, fill, pages, temp_files, zero
 from hicache_file import _native_io
 
 from hicache_core import CacheController, IoOp, MHAKVPool, MLAKVPool, open_store, page_hashes
