@@ -8,9 +8,10 @@ component into / out of a preallocated, pre-faulted arena:
   hash checks, planning, key resolution through ``hicache_page_keys``, page views, the store's
   checks and the pluggy hook calls (``exists`` + ``set`` for the backup; the prefetch has no
   existence pass without trailing-state pools, so just ``get``);
-* **direct**: the same backend object's hook methods called by hand with the same keys and the
-  same (precomputed) page views, exactly the calls the hooked side makes: ``exists``, ``set``,
-  ``get``.
+* **direct**: what a caller without the framework has to do for the same result: per operation,
+  derive the keys with the key scheme's method (called directly, no pluggy) and build the page
+  views (v1) or the ``PoolTransfer`` (v2), then call the same backend object's hook methods by
+  hand, exactly the calls the hooked side makes: ``exists``, ``set``, then ``get``.
 
 The backend forgets its keys between iterations (outside the timed region), so every backup
 writes. Both sides run interleaved, many times, synchronously in one thread; the ratio is
@@ -196,13 +197,6 @@ class Case:
         self.hashes = page_hashes(tokens_ids, tokens)
         self.indices = list(range(BATCH))
         self.path = path
-        # The direct side's inputs, built once: same keys, same views as the controller uses.
-        page_keys = self.ctl.store.page_keys(PoolName.KV, self.hashes)
-        self.keys = [k for ks in page_keys for k in ks]
-        self.views = [v for page in self.pool.page_views(self.indices) for v in page]
-        self.transfers = [
-            PoolTransfer(PoolName.KV, tuple(self.indices), tuple(self.hashes), keys=tuple(page_keys))
-        ]
 
     def hooked(self) -> None:
         b = self.ctl.backup(self.hashes, self.indices)
@@ -210,16 +204,24 @@ class Case:
         assert b.pages == BATCH and p.pages == BATCH, (b, p)
 
     def direct(self) -> None:
-        be = self.backend
-        if self.path == "v1":
-            assert not any(be.hicache_batch_io_v1(IoOp.EXISTS, self.keys, None))
-            assert all(be.hicache_batch_io_v1(IoOp.SET, self.keys, self.views))
-            assert all(be.hicache_batch_io_v1(IoOp.GET, self.keys, self.views))
-        else:
-            assert isinstance(be, MemcpyBackendV2)
-            assert not any(be.hicache_batch_io_v2(IoOp.EXISTS, self.transfers)[0])
-            assert all(be.hicache_batch_io_v2(IoOp.SET, self.transfers)[0])
-            assert all(be.hicache_batch_io_v2(IoOp.GET, self.transfers)[0])
+        """The work a caller without the framework must do: per operation, derive the keys
+        (the key scheme's method, called directly) and the page views or transfer, then call the
+        backend's hook methods directly."""
+        be, keys_of = self.backend, self.ctl.store.keys.hicache_page_keys
+        for ops in ((IoOp.EXISTS, IoOp.SET), (IoOp.GET,)):  # backup, then prefetch
+            page_keys = keys_of(PoolName.KV, self.hashes)
+            if self.path == "v1":
+                keys = [k for ks in page_keys for k in ks]
+                views = [v for page in self.pool.page_views(self.indices) for v in page]
+                for op in ops:
+                    res = be.hicache_batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)
+                    assert all(res) is (op is not IoOp.EXISTS)
+            else:
+                assert isinstance(be, MemcpyBackendV2)
+                transfers = [PoolTransfer(PoolName.KV, self.indices, self.hashes, keys=page_keys)]
+                for op in ops:
+                    res = be.hicache_batch_io_v2(op, transfers)[0]
+                    assert all(res) is (op is not IoOp.EXISTS)
 
     def close(self) -> None:
         self.ctl.close()
