@@ -20,6 +20,7 @@ _COLUMNS = (
     "zero_copy",
     "persistent",
     "shared",
+    "set_skips_existing",
     "draft_io",
     "pools",
 )

@@ -101,6 +101,8 @@ class CacheController:
             self._io_v2 if self.io_path == "v2" else self._io_v1
         )
         self._draft_io_fn = {"v2": self._io_v2, "v1": self._io_v1, None: None}[self._draft_path]
+        # Backup sends pages without an existence pass when SET itself keeps stored objects.
+        self._set_skips_existing = caps.set_skips_existing
 
     def _resolve_draft(self) -> tuple[DraftIo, str | None]:
         if PoolName.DRAFT not in self.pools:
@@ -351,14 +353,16 @@ class CacheController:
                     skipped += len(c.positions)
             if not writable:
                 continue
-            present = self._io(IoOp.EXISTS, writable)
-            missing = []
-            for c, ex in zip(writable, present):
-                mark(flags[c.name], base[c.name], c.positions, ex)
-                skipped += sum(ex)
-                todo = c.missing(ex)
-                if todo is not None:
-                    missing.append(todo)
+            if self._set_skips_existing:  # the backend skips stored pages itself: no round trip
+                missing = writable
+            else:
+                missing = []
+                for c, ex in zip(writable, self._io(IoOp.EXISTS, writable)):
+                    mark(flags[c.name], base[c.name], c.positions, ex)
+                    skipped += sum(ex)
+                    todo = c.missing(ex)
+                    if todo is not None:
+                        missing.append(todo)
             if missing:
                 for c, ok in zip(missing, self._io(IoOp.SET, missing)):
                     mark(flags[c.name], base[c.name], c.positions, ok)
@@ -382,7 +386,7 @@ class CacheController:
                 part = draft.window(start, stop)
                 if not part.positions:
                     continue
-                if op is IoOp.SET:
+                if op is IoOp.SET and not self._set_skips_existing:
                     ex = self._draft_io_fn(IoOp.EXISTS, [part])[0]
                     todo = [i for i, e in enumerate(ex) if not e]
                     for i, e in enumerate(ex):

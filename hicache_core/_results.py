@@ -45,7 +45,9 @@ class TransferResult:
     of pages the engine may use. ``per_pool[name][i]``: page ``i`` of that pool's share of the
     batch (trailing-policy pools cover only the tail). ``draft``: per-page flags of the draft
     pool, or ``None`` when draft offload is disabled. ``skipped``: pages not written because
-    they already existed (or belong to another rank). ``errors``: backend failures, each naming
+    the existence pass found them stored, or because they belong to another rank (a backend
+    declaring ``capabilities.set_skips_existing`` gets no existence pass: it skips stored pages
+    itself, and those are not counted here). ``errors``: backend failures, each naming
     the plugin; they are also logged.
     """
 

@@ -110,6 +110,7 @@ class Store:
             ) from err
         self.extensions: dict[str, object] = {}
         try:
+            self.capabilities = self._instance_capabilities()
             self._register(self.backend, f"backend:{self.name}")
             for ext_name in dict.fromkeys(config.extensions):
                 ext = load_extension_class(ext_name)(config)
@@ -131,6 +132,25 @@ class Store:
         self._hook_v1 = hook.hicache_batch_io_v1
         self._hook_v2 = hook.hicache_batch_io_v2
         self._hook_keys = hook.hicache_page_keys
+
+    def _instance_capabilities(self) -> Capabilities:
+        """The opened backend's capabilities: its class's, or an instance's narrower per-options copy."""
+        caps = getattr(self.backend, "capabilities", self.capabilities)
+        if not isinstance(caps, Capabilities):
+            raise BackendContractError(
+                f"backend {self.name!r}: instance attribute `capabilities` must be a hicache_core.Capabilities, "
+                f"got {type(caps).__name__}"
+            )
+        cls_caps = self.capabilities
+        widened = [f for f in ("v1", "v2", "zero_copy") if getattr(caps, f) and not getattr(cls_caps, f)] + (
+            ["pools"] if not caps.pools <= cls_caps.pools else []
+        )
+        if widened:
+            raise BackendContractError(
+                f"backend {self.name!r}: an instance may only narrow its class's capabilities, but it "
+                f"adds {widened}; declare them on the class"
+            )
+        return caps
 
     def _register(self, plugin: object, name: str) -> None:
         try:

@@ -98,6 +98,12 @@ class Capabilities:
     can store. ``persistent``: data survives closing and reopening the store. ``shared``: data
     written by one process is visible to other processes (or hosts) using the same options.
     ``draft_io``: the draft mode under a default config (the hook may narrow it per config).
+    ``set_skips_existing``: SET of a key that is already stored keeps the stored object, reports
+    it ``True`` and moves no bytes for it (for example a store whose put of an existing key is a
+    server-side no-op). ``CacheController.backup`` then sends pages without an existence pass
+    first, saving a round trip per batch; ``TransferResult.skipped`` cannot count the pages the
+    backend skipped itself. An instance may narrow its class's capabilities for its options
+    (a backend option that turns SET into an overwrite must clear this flag).
     """
 
     v1: bool = True
@@ -107,6 +113,7 @@ class Capabilities:
     persistent: bool = False
     shared: bool = False
     draft_io: DraftIoMode = DraftIoMode.UNSUPPORTED
+    set_skips_existing: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pools", frozenset(PoolName(p) for p in self.pools))
@@ -128,6 +135,7 @@ class Capabilities:
             "persistent": self.persistent,
             "shared": self.shared,
             "draft_io": self.draft_io.value,
+            "set_skips_existing": self.set_skips_existing,
         }
 
 

@@ -83,6 +83,36 @@ class SemanticsTests(SuiteBase):
         whole = [o or n for po, pn in zip(old, new) for o, n in zip(po, pn)]
         expect_flags(whole, [True] * len(whole), "each component holds the old or the new bytes")
 
+    def test_idempotent_set_keeps_stored_object(self, hc: SuiteContext) -> None:
+        """``set_skips_existing``: SET of stored keys reports ``True`` and keeps the stored bytes;
+        the controller's backup (which then has no existence pass) keeps them too."""
+        hc.require("set_skips_existing")
+        paths = [p for p, ok in (("v1", hc.caps.v1), ("v2", hc.caps.v2)) if ok]
+        store, pool = hc.kv_store("mha", 6)
+        for n, path in enumerate(paths):
+            hashes, idx = self.make_page_hashes(6, salt=50 + n), list(range(6))
+            hc.write(store, KV, pool, hashes[:3], idx[:3], salt=1, path=path)
+            hc.write(store, KV, pool, hashes, idx, salt=2, path=path)  # every page must report True
+            expect_flags(hc.read(store, KV, pool, hashes, idx, path), [True] * 6, f"{path} get after re-set")
+            kept = [all(c) for c in hc.component_matches(pool, idx[:3], hashes[:3], salt=1)]
+            assert kept == [True] * 3, hc.declared(
+                "set_skips_existing", f"{path}: stored pages were overwritten by a second set ({kept})"
+            )
+            new = [all(c) for c in hc.component_matches(pool, idx[3:], hashes[3:], salt=2)]
+            expect_flags(new, [True] * 3, f"{path} bytes of the pages written by the second set")
+        ctl = hc.controller(self.make_kv_pool("mha", 4))
+        hashes = self.make_page_hashes(4, salt=60)
+        hc.fill(ctl.pools.anchor, range(2), hashes[:2], salt=1)
+        assert ctl.backup(hashes[:2], range(2)).pages == 2, "backup of two new pages"
+        hc.fill(ctl.pools.anchor, range(4), hashes, salt=2)
+        res = ctl.backup(hashes, range(4))
+        assert res.pages == 4 and res.ok, f"backup over two stored pages: {res}"
+        assert ctl.prefetch(hashes, range(4)).pages == 4
+        kept = [all(c) for c in hc.component_matches(ctl.pools.anchor, range(2), hashes[:2], salt=1)]
+        assert kept == [True, True], hc.declared(
+            "set_skips_existing", f"backup overwrote stored pages ({kept})"
+        )
+
     # ---------------------------------------------------------------- partial
     def test_partial_results_per_page(self, hc: SuiteContext) -> None:
         """A batch mixing present and absent pages gets exact per-entry results and bytes."""

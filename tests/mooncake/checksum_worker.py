@@ -141,7 +141,10 @@ def main(master: str, mode: str) -> dict[str, Any]:
         for b in pool.buffers():
             b[N:].zero_()
         healed = ctl.prefetch(hashes, range(N, 2 * N))
-        out["v2"]["rewritten"] = again.pages - again.skipped
+        # Mooncake declares set_skips_existing (no existence pass, so `skipped` stays 0): count
+        # the pages that were missing before this backup and are stored after it.
+        (stored,) = ctl.store.batch_io_v2(IoOp.EXISTS, [transfer])
+        out["v2"]["rewritten"] = sum(1 for i in range(N) if stored[i] and not exists[i])
         out["v2"]["backup_pages"] = again.pages
         out["v2"]["healed_pages"] = healed.pages
         out["v2"]["healed_exact"] = all(_same(pool, i, N + i) for i in range(N))

@@ -113,7 +113,10 @@ def roundtrip(ctl: CacheController, group: HostPoolGroup, n: int = 12, seed: int
     if ctl.draft_enabled:
         assert res.draft == [True] * n, res
     again = ctl.backup(hashes, src, extra_src)
-    assert again.ok and again.pages == n and again.skipped >= n, again
+    # Mooncake skips stored pages itself (capabilities.set_skips_existing): no existence pass,
+    # so nothing is counted as skipped; with `overwrite` the controller checks and skips them.
+    skips = 0 if ctl.store.capabilities.set_skips_existing else n
+    assert again.ok and again.pages == n and again.skipped >= skips, again
     zero(group)
     q = ctl.query(hashes)
     assert q.pages == n and q.errors == (), q

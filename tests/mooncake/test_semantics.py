@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 from collections.abc import Iterator
@@ -135,6 +136,41 @@ def test_overwrite_semantics(mooncake_master: MooncakeMaster) -> None:
         assert store.batch_io_v2(IoOp.GET, [t]) == [[True, True]]
         assert bool((pool.buffers()[0][:2] == 3).all())  # replaced
         assert store.clear() == 2
+
+
+def _counted(calls: list[str], real: Any, keys: Any) -> Any:
+    calls.append("exists")
+    return real(keys)
+
+
+def test_backup_existence_pass_follows_set_skips_existing(mooncake_master: MooncakeMaster) -> None:
+    """Default: SET keeps stored objects, so backup skips its batch_is_exist round trip (and its
+    skipped count); with overwrite=True the store narrows the capability and backup checks first."""
+    opts = embedded_options(mooncake_master)
+    hashes = rand_hashes(3)
+    for overwrite in (False, True):
+        cfg = make_config({**opts, "overwrite": overwrite}, "mla")
+        group = make_group("mla")
+        with CacheController(cfg, group) as ctl:
+            assert type(ctl.store.backend).capabilities.set_skips_existing
+            assert ctl.store.capabilities.set_skips_existing is not overwrite
+            calls: list[str] = []
+            link = ctl.store.backend.link
+            real_exists = link.exists
+            link.exists = functools.partial(_counted, calls, real_exists)  # type: ignore[method-assign]
+            fill(group, 5)
+            first = ctl.backup(hashes, [0, 1, 2])
+            fill(group, 6)  # other bytes under the same keys: the stored objects must win
+            again = ctl.backup(hashes, [0, 1, 2])
+            assert first.ok and again.ok and first.pages == again.pages == 3
+            assert calls == (["exists", "exists"] if overwrite else [])
+            assert again.skipped == (3 if overwrite else 0)
+            got = ctl.prefetch(hashes, [4, 5, 6])
+            assert got.pages == 3
+            ref = make_group("mla", allocate=True)
+            fill(ref, 5)
+            assert torch.equal(group.anchor.buffers()[0][4:7], ref.anchor.buffers()[0][0:3])
+            ctl.clear()
 
 
 def test_clear_only_own_namespace_and_chunked_v2(mooncake_master: MooncakeMaster) -> None:

@@ -5,6 +5,7 @@ Module-level knobs let a test declare any capability; subclasses in tests adjust
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Sequence
 
@@ -119,8 +120,44 @@ class NoDraftMemoryBackend(MemoryBackend):
     draft_mode = DraftIoMode.UNSUPPORTED
 
 
+class SkippingMemoryBackend(MemoryBackend):
+    """SET keeps an object that is already stored (``set_skips_existing``); with the
+    ``overwrite`` option it replaces it and narrows its capabilities, as Mooncake's does."""
+
+    class Options(MemoryBackend.Options):
+        overwrite: bool = False
+
+    capabilities = dataclasses.replace(MemoryBackend.capabilities, set_skips_existing=True)
+
+    def __init__(self, config, options) -> None:
+        super().__init__(config, options)
+        self.overwrite = options.overwrite
+        if self.overwrite:
+            self.capabilities = dataclasses.replace(type(self).capabilities, set_skips_existing=False)
+
+    def _io(self, op: IoOp, keys: Sequence[str], buffers) -> list[bool]:
+        if op is IoOp.SET and not self.overwrite:
+            with self.lock:
+                new = [i for i, k in enumerate(keys) if k not in self.data]
+            out = super()._io(op, [keys[i] for i in new], [buffers[i] for i in new]) if new else []
+            return [True] * len(keys) if all(out) else [k in self.data for k in keys]
+        return super()._io(op, keys, buffers)
+
+
+class WideningMemoryBackend(MemoryBackend):
+    """Declares v1 only on the class, then claims v2 on the instance (a contract error)."""
+
+    capabilities = dataclasses.replace(MemoryBackend.capabilities, v2=False)
+
+    def __init__(self, config, options) -> None:
+        super().__init__(config, options)
+        self.capabilities = dataclasses.replace(type(self).capabilities, v2=True)
+
+
 MEMORY_ENTRY_POINTS = {
     "memory": "tests.support.membackend:MemoryBackend",
+    "memory-skip": "tests.support.membackend:SkippingMemoryBackend",
+    "memory-widen": "tests.support.membackend:WideningMemoryBackend",
     "memory-zc": "tests.support.membackend:ZeroCopyMemoryBackend",
     "memory-nodraft": "tests.support.membackend:NoDraftMemoryBackend",
 }

@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Sequence
@@ -84,6 +85,9 @@ class MooncakeBackend:
         persistent=False,
         shared=True,
         draft_io=DraftIoMode.ZERO_COPY_V2,
+        # A put of an existing key is a no-op at the master (the old object is kept, no bytes
+        # move), so backup needs no batch_is_exist round trip first; `overwrite` turns it off.
+        set_skips_existing=True,
     )
 
     @classmethod
@@ -113,6 +117,8 @@ class MooncakeBackend:
     def __init__(self, config: StorageConfig, options: MooncakeOptions) -> None:
         self.config = config
         self.options = options
+        if options.overwrite:  # SET replaces stored objects: backup must check existence first
+            self.capabilities = dataclasses.replace(type(self).capabilities, set_skips_existing=False)
         self.link = StoreLink(options, tp_rank=config.tp_rank, ranks=config.tp_size * config.pp_size)
         self._pools: dict[PoolName, _Pool] = {}
         self._staging: torch.Tensor | None = None
