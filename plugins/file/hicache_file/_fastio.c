@@ -12,8 +12,9 @@
  *   publish_batch(items) -> list[int]
  *       items: sequence of (shard_dir: str, path: str, buffers: sequence, check_exists: bool).
  *       Per item: if check_exists and path exists -> 1. Else open an unnamed O_TMPFILE inode in
- *       shard_dir, write all buffers (gathered), link it to path (linkat with AT_EMPTY_PATH
- *       when the process may, else through /proc/self/fd) and close it. Result 0 = published,
+ *       shard_dir (creating shard_dir when only its last component is missing), write all
+ *       buffers (gathered), link it to path (linkat with AT_EMPTY_PATH when the process may,
+ *       else through /proc/self/fd) and close it. Result 0 = published,
  *       1 = already present (skipped, or EEXIST from the link: another writer won and its page
  *       is kept), -errno = failed (nothing is left behind: an unlinked O_TMPFILE inode is freed
  *       by the kernel on close).
@@ -228,14 +229,34 @@ static long link_fd(int fd, const char *path) {
 }
 #endif
 
+#ifdef O_TMPFILE
+/* An unnamed O_TMPFILE inode in directory dir: the fd, or -errno. */
+static int open_tmpfile(const char *dir) {
+    int fd;
+    do {
+        fd = open(dir, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    return fd < 0 ? -errno : fd;
+}
+#endif
+
 static long publish_one(Item *it, struct iovec *iov) {
 #ifdef O_TMPFILE
     if (it->check_exists && access(it->path, F_OK) == 0) return 1;
-    int fd;
-    do {
-        fd = open(it->dir, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0644);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return -errno;
+    int fd = open_tmpfile(it->dir);
+    if (fd == -ENOENT) {
+        /* A new shard directory: create it here (its parent, the namespace directory, usually
+         * exists; if not, -ENOENT goes back to Python, which creates the whole path). A racing
+         * writer creating it too is fine (EEXIST). */
+        size_t len = strlen(it->dir);
+        char shard[PATH_MAX];
+        if (len > 0 && len < sizeof(shard)) {
+            memcpy(shard, it->dir, len + 1);
+            if (shard[len - 1] == '/') shard[len - 1] = '\0';
+            if (mkdir(shard, 0777) == 0 || errno == EEXIST) fd = open_tmpfile(it->dir);
+        }
+    }
+    if (fd < 0) return fd;
     long rc = write_all(fd, iov, (int)it->count);
     if (rc == 0) rc = link_fd(fd, it->path);
     close(fd);
