@@ -100,12 +100,17 @@ class MooncakeBackend:
         imports the module and reports any other failure with the same install hint.
         """
         import ctypes
+        import importlib.machinery
         import importlib.util
+        import os
 
-        try:
-            found = importlib.util.find_spec("mooncake.store") is not None
+        try:  # find_spec("mooncake.store") would execute mooncake/__init__ (which loads the store)
+            spec = importlib.util.find_spec("mooncake")
         except (ImportError, ValueError):
-            found = False
+            spec = None
+        names = {f"store{suffix}" for suffix in importlib.machinery.all_suffixes()}
+        places = (spec.submodule_search_locations or []) if spec is not None else []
+        found = any(os.path.isfile(os.path.join(d, n)) for d in places for n in names)
         if not found:
             return f"cannot import mooncake.store (not installed); {INSTALL_HINT}"
         try:
