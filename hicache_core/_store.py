@@ -110,8 +110,8 @@ class Store:
             ) from err
         self.extensions: dict[str, object] = {}
         try:
-            self.capabilities = self._instance_capabilities()
             self._register(self.backend, f"backend:{self.name}")
+            self.capabilities = self._instance_capabilities()  # after registering: a refusal closes it
             for ext_name in dict.fromkeys(config.extensions):
                 ext = load_extension_class(ext_name)(config)
                 self._register(ext, f"extension:{ext_name}")
