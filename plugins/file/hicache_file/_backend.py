@@ -318,9 +318,15 @@ class FileBackend:
         work: Any
         extra: Any
         if op is IoOp.GET:
-            work, extra = (self._get_native if self._native_get else self._get_range), posts
+            work, extra = self._get_range, posts
+            if self._native_get:  # C batch reads; pages that fail verification go to _get_range
+                work = partial(_native_io.get_range, self._get_range, self.index is not None)
         else:
-            work = self._set_native if self._native_set else self._set_range
+            work = self._set_range
+            if self._native_set:
+                work = partial(
+                    _native_io.set_range, self._publisher, self.options.max_bytes, self.index is not None
+                )
             extra = getattr(self._absent, "keys", None) or frozenset()
             self._absent.keys = None
         args: tuple[Any, ...] = (keys, paths, iovs, sizes, extra)
@@ -396,42 +402,6 @@ class FileBackend:
         log.debug("hicache.file: evicted %d pages (%d bytes) to fit max_bytes", gone, nbytes)
 
     # ------------------------------------------------------------ the I/O
-    def _get_native(
-        self,
-        keys: Sequence[str],
-        paths: list[str],
-        iovs: list[list[Any]],
-        sizes: list[int],
-        posts: list[Post | None] | None,
-        lo: int,
-        hi: int,
-    ) -> tuple[list[bool], _Tally]:
-        slow = partial(self._get_range, keys, paths, iovs, sizes, posts)
-        return _native_io.get_range(slow, self.index is not None, keys, paths, iovs, sizes, posts, lo, hi)
-
-    def _set_native(
-        self,
-        keys: Sequence[str],
-        paths: list[str],
-        iovs: list[list[Any]],
-        sizes: list[int],
-        absent: frozenset[str] | set[str],
-        lo: int,
-        hi: int,
-    ) -> tuple[list[bool], _Tally]:
-        return _native_io.set_range(
-            self._publisher,
-            self.options.max_bytes,
-            self.index is not None,
-            keys,
-            paths,
-            iovs,
-            sizes,
-            absent,
-            lo,
-            hi,
-        )
-
     def _get_range(
         self,
         keys: Sequence[str],

@@ -109,7 +109,7 @@ def set_range(
 
 
 def get_range(
-    slow: Callable[[int, int], tuple[list[bool], _Tally]],
+    slow: Callable[..., tuple[list[bool], _Tally]],
     track: bool,
     keys: Sequence[str],
     paths: list[str],
@@ -119,10 +119,11 @@ def get_range(
     lo: int,
     hi: int,
 ) -> tuple[list[bool], _Tally]:
-    """Read and verify pages ``lo..hi``; anything that does not verify goes to ``slow(j, j + 1)``.
+    """Read and verify pages ``lo..hi``; anything that does not verify goes to ``slow``.
 
-    ``slow`` is the pure-Python reader over the same batch: it re-reads the page, tells a valid
-    page of another size (a plain miss) from corruption, and quarantines the latter.
+    ``slow`` is the pure-Python reader (same arguments as this function after ``track``), called
+    for that one page: it re-reads it, tells a valid page of another size (a plain miss) from
+    corruption, and quarantines the latter.
     """
     tally = _Tally()
     spare = bytearray(1)  # a byte read into it means trailing data
@@ -170,7 +171,8 @@ def get_range(
                 tally.touched.append((keys[j], _FH + klen + size))
             out.append(True)
             continue
-        flags, sub = slow(j, j + 1)  # not a valid page of this size: classify it the careful way
+        # not a valid page of this size: classify it the careful way
+        flags, sub = slow(keys, paths, iovs, sizes, posts, j, j + 1)
         out += flags
         _merge(tally, sub)
     tally.add("hits", hits)
