@@ -7,7 +7,6 @@ selected (or when its capabilities are described). Operators restrict what may l
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import sys
@@ -138,6 +137,8 @@ def _not_found(
             f"remove it from {BLOCK_ENV} (or add it to {ALLOW_ENV}) to use it. "
             f"Enabled {kind}s: {', '.join(available) or '(none)'}."
         )
+    import difflib  # only an error path needs it
+
     close = difflib.get_close_matches(name, available, n=1, cutoff=0.6)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return BackendNotFoundError(
@@ -233,6 +234,8 @@ def _check_hooks(cls: type, origin: str, required: tuple[str, ...]) -> list[str]
         if not callable(fn):
             continue
         if attr not in specs:
+            import difflib
+
             close = difflib.get_close_matches(attr, list(specs), n=1, cutoff=0.6)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise BackendContractError(

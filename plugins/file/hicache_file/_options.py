@@ -59,7 +59,7 @@ class FileOptions(BaseModel):
     was not built; ``False`` forces the pure-Python path. Same files, same results either way.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     root: str | None = Field(None, description="directory holding the pages")
     max_bytes: int | None = Field(None, ge=1, description="byte budget (LRU eviction); None = unbounded")

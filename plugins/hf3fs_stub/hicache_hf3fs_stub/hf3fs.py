@@ -106,7 +106,7 @@ class Hf3fsBackend:
     class Options(BaseModel):
         """Options of the ``hf3fs`` backend."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", defer_build=True)
 
         file_path_prefix: str | None = Field(
             None,

@@ -52,7 +52,7 @@ class VendorSdkBackend:
     class Options(BaseModel):
         """No options: the backend cannot be opened without its vendor SDK."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(extra="forbid", defer_build=True)
 
     @classmethod
     def sdk_installed(cls) -> bool:

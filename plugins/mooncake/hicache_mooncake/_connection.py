@@ -41,7 +41,6 @@ import os
 import socket
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -390,6 +389,8 @@ class Connection:
             )
 
     def _wait_health(self, deadline: float) -> None:
+        import urllib.request  # only standalone start-up needs it; its ssl import costs ~15 ms
+
         host, _ = _split(self.options.master_server_address)
         url = f"http://{host}:{self.options.master_metrics_port}/health"
         last = ""

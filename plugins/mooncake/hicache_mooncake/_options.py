@@ -163,7 +163,7 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
 class MooncakeOptions(BaseModel):
     """Options of the ``mooncake`` backend (names follow SGLang's ``MooncakeStoreConfig``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     master_server_address: str = Field(
         "127.0.0.1:50051", description="host:port of mooncake_master's RPC service (MOONCAKE_MASTER)"
