@@ -38,6 +38,21 @@ class DraftOffloadDisabledWarning(UserWarning):
     """Draft KV offload was disabled for this store (the message says why)."""
 
 
+class _Op:
+    """One operation's scratch state, passed down explicitly (operations may run concurrently).
+
+    ``hashes``: the request's validated page hashes; ``errors``: backend failures met so far;
+    ``keycache``: per pool, the keys resolved so far (see ``CacheController._keys_for``).
+    """
+
+    __slots__ = ("errors", "hashes", "keycache")
+
+    def __init__(self, hashes: ValidHashes) -> None:
+        self.hashes = hashes
+        self.errors: list[str] = []
+        self.keycache: dict[PoolName, Any] = {}
+
+
 class CacheController:
     """Attach ``pools`` to the store named by ``config`` and move pages.
 
@@ -53,7 +68,6 @@ class CacheController:
         self.settings = config.controller
         self.pools = pools if isinstance(pools, HostPoolGroup) else HostPoolGroup(pools)
         self._owns_store = store is None
-        self._local = threading.local()
         self.store = store if store is not None else Store(config)
         try:
             self._attach()
@@ -97,7 +111,7 @@ class CacheController:
             if name is PoolName.DRAFT and self._draft_path is None:
                 continue
             store.register_pool(name, pool)
-        self._io: Callable[[IoOp, list[Plan]], list[list[bool]]] = (
+        self._io: Callable[[_Op, IoOp, list[Plan]], list[list[bool]]] = (
             self._io_v2 if self.io_path == "v2" else self._io_v1
         )
         self._draft_io_fn = {"v2": self._io_v2, "v1": self._io_v1, None: None}[self._draft_path]
@@ -151,13 +165,13 @@ class CacheController:
         return chunks(n, self.settings.batch_pages)
 
     # --------------------------------------------------------------- raw I/O
-    def _io_v2(self, op: IoOp, plans: list[Plan]) -> list[list[bool]]:
+    def _io_v2(self, ctx: _Op, op: IoOp, plans: list[Plan]) -> list[list[bool]]:
         transfers = []
-        all_hashes = self._hashes
+        all_hashes = ctx.hashes
         for p in plans:
             pos = p.positions
             hashes = all_hashes if len(pos) == len(all_hashes) else all_hashes.pick(pos)
-            keys = self._keys_for(p) if hashes else []
+            keys = self._keys_for(ctx, p) if hashes else []
             policy = p.pool.hit_policy
             if type(policy) is not HitPolicy:
                 policy = HitPolicy(policy)
@@ -166,22 +180,25 @@ class CacheController:
                 PoolTransfer._trusted(p.name, tuple(p.indices), tuple(hashes), policy, tuple(keys))
             )
         return self._guard(
-            op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
+            ctx, op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
         )
 
-    def _io_v1(self, op: IoOp, plans: list[Plan]) -> list[list[bool]]:
+    def _io_v1(self, ctx: _Op, op: IoOp, plans: list[Plan]) -> list[list[bool]]:
         keys: list[str] = []
         views: list[Any] = []
         ncomp = []
         for p in plans:
-            page_keys = self._keys_for(p) if p.positions else []
+            page_keys = self._keys_for(ctx, p) if p.positions else []
             ncomp.append(len(p.pool.components))
             keys.extend(itertools.chain.from_iterable(page_keys))
             if op is not IoOp.EXISTS:
                 views.extend(itertools.chain.from_iterable(p.pool.page_views(p.indices)))
         sizes = [len(p.positions) * c for p, c in zip(plans, ncomp)]
         flat = self._guard(
-            op, lambda: [self.store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)], [len(keys)]
+            ctx,
+            op,
+            lambda: [self.store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)],
+            [len(keys)],
         )[0]
         out, off = [], 0
         for size, c in zip(sizes, ncomp):
@@ -203,13 +220,15 @@ class CacheController:
                 "reported failed (raise io_timeout_s if the backend is just slow)"
             ) from None
 
-    def _guard(self, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]) -> list[list[bool]]:
+    def _guard(
+        self, ctx: _Op, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]
+    ) -> list[list[bool]]:
         try:
             return call() if self.settings.io_timeout_s is None else self._bounded(call)
         except Exception as err:
             msg = f"backend {self.store.name!r} failed {op.value} of {sum(sizes)} entries: {type(err).__name__}: {err}"
             log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
-            self._errors.append(msg)
+            ctx.errors.append(msg)
             return [[False] * s for s in sizes]
 
     # ------------------------------------------------------------- operations
@@ -288,33 +307,28 @@ class CacheController:
     ) -> Callable[[], TransferResult]:
         listed = self._check_hashes(page_hashes)
         plans, draft = self._plans(len(listed), host_indices, extra)
-        hashes = ValidHashes(listed)  # checked once: the key hook trusts a ValidHashes
+        ctx = _Op(ValidHashes(listed))  # checked once: the key hook trusts a ValidHashes
         if kind == "backup":
-            return lambda: self._scoped(self._run_backup, hashes, plans, draft)
-        return lambda: self._scoped(self._run_prefetch, hashes, plans, draft, stop)
+            return lambda: self._run_backup(ctx, plans, draft)
+        return lambda: self._run_prefetch(ctx, plans, draft, stop)
 
     def _prepare_query(self, page_hashes: Sequence[str], window: int) -> Callable[[], QueryResult]:
         listed = self._check_hashes(page_hashes)
         if not isinstance(window, int) or isinstance(window, bool) or window < 1:
             raise BatchShapeError(f"trailing_window must be >= 1, got {window}")
-        hashes = ValidHashes(listed)
-        return lambda: self._scoped(self._run_query, hashes, window)
+        ctx = _Op(ValidHashes(listed))
+        return lambda: self._run_query(ctx, window)
 
-    def _scoped(self, fn: Callable[..., T], *args: Any) -> T:
-        # Per-thread scratch for hashes/errors so async operations never share state.
-        self._local.hashes, self._local.errors, self._local.keycache = None, [], {}
-        return fn(*args)
-
-    def _keys_for(self, p: Plan) -> Sequence[tuple[str, ...]]:
+    def _keys_for(self, ctx: _Op, p: Plan) -> Sequence[tuple[str, ...]]:
         """Keys of ``p``'s pages, resolved through the hook once per page per operation.
 
         Per pool, ``keycache`` holds a tuple of every position's keys once all are resolved,
         else a list with ``None`` for positions not resolved yet. Each entry is made a tuple
         once, so transfers take the keys as they are.
         """
-        hashes, pos = self._hashes, p.positions
+        hashes, pos = ctx.hashes, p.positions
         n = len(hashes)
-        caches: dict[PoolName, Any] = self._local.keycache
+        caches = ctx.keycache
         cache = caches.get(p.name)
         if cache is None:
             if len(pos) == n:  # the whole request at once (positions ascend: they are 0..n-1)
@@ -330,17 +344,8 @@ class CacheController:
                 cache[i] = tuple(k)
         return cache if len(pos) == n else list(map(cache.__getitem__, pos))
 
-    @property
-    def _hashes(self) -> ValidHashes:
-        return self._local.hashes  # type: ignore[no-any-return]
-
-    @property
-    def _errors(self) -> list[str]:
-        return self._local.errors  # type: ignore[no-any-return]
-
-    def _run_backup(self, hashes: ValidHashes, plans: list[Plan], draft: Plan | None) -> TransferResult:
-        self._local.hashes = hashes
-        n = len(hashes)
+    def _run_backup(self, ctx: _Op, plans: list[Plan], draft: Plan | None) -> TransferResult:
+        n = len(ctx.hashes)
         flags, base = new_flags(plans)
         skipped = 0
         owner = self.config.tp_rank == 0
@@ -357,37 +362,37 @@ class CacheController:
                 missing = writable
             else:
                 missing = []
-                for c, ex in zip(writable, self._io(IoOp.EXISTS, writable)):
+                for c, ex in zip(writable, self._io(ctx, IoOp.EXISTS, writable)):
                     mark(flags[c.name], base[c.name], c.positions, ex)
                     skipped += sum(ex)
                     todo = c.missing(ex)
                     if todo is not None:
                         missing.append(todo)
             if missing:
-                for c, ok in zip(missing, self._io(IoOp.SET, missing)):
+                for c, ok in zip(missing, self._io(ctx, IoOp.SET, missing)):
                     mark(flags[c.name], base[c.name], c.positions, ok)
-        draft_flags = self._draft_op(IoOp.SET, draft) if draft is not None else None
+        draft_flags = self._draft_op(ctx, IoOp.SET, draft) if draft is not None else None
         return TransferResult(
             pages=usable(plans, flags, n),
             per_pool=flags,
             draft=draft_flags,
             skipped=skipped,
-            errors=tuple(self._errors),
+            errors=tuple(ctx.errors),
         )
 
-    def _draft_op(self, op: IoOp, draft: Plan) -> list[bool]:
+    def _draft_op(self, ctx: _Op, op: IoOp, draft: Plan) -> list[bool]:
         """Draft I/O in its own calls, so a draft failure never touches the target pages."""
         assert self._draft_io_fn is not None
-        saved = list(self._errors)
+        saved = list(ctx.errors)
         out = [False] * len(draft.positions)
         base = draft.positions[0] if draft.positions else 0
         try:
-            for start, stop in self._chunks(len(self._hashes)):
+            for start, stop in self._chunks(len(ctx.hashes)):
                 part = draft.window(start, stop)
                 if not part.positions:
                     continue
                 if op is IoOp.SET and not self._set_skips_existing:
-                    ex = self._draft_io_fn(IoOp.EXISTS, [part])[0]
+                    ex = self._draft_io_fn(ctx, IoOp.EXISTS, [part])[0]
                     todo = [i for i, e in enumerate(ex) if not e]
                     for i, e in enumerate(ex):
                         out[part.positions[i] - base] = e
@@ -399,22 +404,23 @@ class CacheController:
                         [part.positions[i] for i in todo],
                         [part.indices[i] for i in todo],
                     )
-                for pos, ok in zip(part.positions, self._draft_io_fn(op, [part])[0]):
+                for pos, ok in zip(part.positions, self._draft_io_fn(ctx, op, [part])[0]):
                     out[pos - base] = ok
         except Exception as err:  # never let draft break the target path
             log.error("hicache: draft %s failed on backend %r: %s", op.value, self.store.name, err)
-        draft_errors = self._errors[len(saved) :]
-        del self._errors[len(saved) :]
+        draft_errors = ctx.errors[len(saved) :]
+        del ctx.errors[len(saved) :]
         for message in draft_errors:
             log.warning("hicache: draft offload error (target pages unaffected): %s", message)
         return out
 
-    def _exists_all(self, hashes: ValidHashes, plans: list[Plan]) -> dict[PoolName, list[bool]]:
+    def _exists_all(self, ctx: _Op, plans: list[Plan]) -> dict[PoolName, list[bool]]:
         """Existence of every page of every plan, stopping after the chunk where the KV prefix ends."""
-        found = {p.name: [False] * len(hashes) for p in plans}
-        for start, stop in self._chunks(len(hashes)):
+        n = len(ctx.hashes)
+        found = {p.name: [False] * n for p in plans}
+        for start, stop in self._chunks(n):
             chunk = [p.window(start, stop) for p in plans]
-            res = self._io(IoOp.EXISTS, chunk)
+            res = self._io(ctx, IoOp.EXISTS, chunk)
             done = False
             for c, ex in zip(chunk, res):
                 assign(found[c.name], c.positions, ex)
@@ -424,9 +430,8 @@ class CacheController:
                 break
         return found
 
-    def _run_query(self, hashes: ValidHashes, window: int) -> QueryResult:
-        self._local.hashes = hashes
-        n = len(hashes)
+    def _run_query(self, ctx: _Op, window: int) -> QueryResult:
+        n = len(ctx.hashes)
         plans = [
             Plan(name, pool, list(range(n)), [0] * n)
             for name, pool in self.pools.items()
@@ -434,23 +439,22 @@ class CacheController:
         ]
         if n == 0:
             return QueryResult(0, {p.name: 0 for p in plans})
-        pages, per_pool = restorable(plans, self._exists_all(hashes, plans), window)
-        return QueryResult(pages, per_pool, tuple(self._errors))
+        pages, per_pool = restorable(plans, self._exists_all(ctx, plans), window)
+        return QueryResult(pages, per_pool, tuple(ctx.errors))
 
     def _run_prefetch(
-        self, hashes: ValidHashes, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
+        self, ctx: _Op, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
     ) -> TransferResult:
-        self._local.hashes = hashes
-        n = len(hashes)
+        n = len(ctx.hashes)
         windows = [len(p.positions) for p in plans if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
         if not windows and self.settings.prefetch_threshold <= 1:
-            return self._prefetch_direct(n, plans, draft, stop)
+            return self._prefetch_direct(ctx, plans, draft, stop)
         probe = [Plan(p.name, p.pool, list(range(n)), [0] * n) for p in plans]
-        found = self._exists_all(hashes, probe) if n else {p.name: [] for p in plans}
+        found = self._exists_all(ctx, probe) if n else {p.name: [] for p in plans}
         pages, _ = restorable(probe, found, max(windows, default=1)) if n else (0, {})
         empty: dict[PoolName, list[bool]] = {p.name: [] for p in plans}
         if pages < max(1, self.settings.prefetch_threshold) or pages == 0:
-            return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(self._errors))
+            return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(ctx.errors))
         # Re-aim every plan at the restorable prefix [0, pages).
         target: list[Plan] = []
         for p in plans:
@@ -463,23 +467,23 @@ class CacheController:
                 target.append(p.window(0, pages))
         draft_flags = None
         if draft is not None:
-            draft_flags = self._draft_op(IoOp.GET, draft.window(0, pages))
+            draft_flags = self._draft_op(ctx, IoOp.GET, draft.window(0, pages))
         flags, base = new_flags(target)
         for start, end in self._chunks(pages):
             if stop is not None and stop.is_set():
                 break
             chunk = [c for p in target if (c := p.window(start, end)).positions]
-            for c, ok in zip(chunk, self._io(IoOp.GET, chunk)):
+            for c, ok in zip(chunk, self._io(ctx, IoOp.GET, chunk)):
                 mark(flags[c.name], base[c.name], c.positions, ok)
         return TransferResult(
             pages=usable(target, flags, pages),
             per_pool=flags,
             draft=draft_flags,
-            errors=tuple(self._errors),
+            errors=tuple(ctx.errors),
         )
 
     def _prefetch_direct(
-        self, n: int, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
+        self, ctx: _Op, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
     ) -> TransferResult:
         """Prefetch without an existence pass: GET batch by batch, stop after the first miss.
 
@@ -487,16 +491,17 @@ class CacheController:
         leading run of fully read pages is the usable prefix. At most one batch past the end of
         the prefix is read in vain; the existence round trip is saved on every batch.
         """
+        n = len(ctx.hashes)
         flags, base = new_flags(plans)
         draft_flags: list[bool] | None = [] if draft is not None else None
         for start, end in self._chunks(n):
             if stop is not None and stop.is_set():
                 break
             if draft is not None and draft_flags is not None:
-                draft_flags += self._draft_op(IoOp.GET, draft.window(start, end))  # draft first
+                draft_flags += self._draft_op(ctx, IoOp.GET, draft.window(start, end))  # draft first
             chunk = [c for p in plans if (c := p.window(start, end)).positions]
             complete = True
-            for c, ok in zip(chunk, self._io(IoOp.GET, chunk)):
+            for c, ok in zip(chunk, self._io(ctx, IoOp.GET, chunk)):
                 mark(flags[c.name], base[c.name], c.positions, ok)
                 complete = complete and all(ok)
             if not complete:
@@ -504,7 +509,7 @@ class CacheController:
         pages = usable(plans, flags, n)
         if draft is not None and draft_flags is not None:
             draft_flags += [False] * (len(draft.positions) - len(draft_flags))  # batches not reached
-        return TransferResult(pages=pages, per_pool=flags, draft=draft_flags, errors=tuple(self._errors))
+        return TransferResult(pages=pages, per_pool=flags, draft=draft_flags, errors=tuple(ctx.errors))
 
     # ----------------------------------------------------------------- admin
     def clear(self) -> int:

@@ -84,11 +84,14 @@ def plan_request(
     draft_enabled: bool,
 ) -> tuple[list[Plan], Plan | None]:
     """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
-    kv_idx = pools.anchor.check_indices(host_indices)
+    anchor = pools.anchor
+    kv_idx = anchor.check_indices(host_indices)
     if len(kv_idx) != n:
         raise BatchShapeError(
             f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
         )
+    if not extra and len(pools) == 1:  # the usual request: the KV pool alone
+        return [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)], None
     given: dict[PoolName, IndexLike] = {}
     for name, idx in (extra or {}).items():
         try:
@@ -103,7 +106,7 @@ def plan_request(
                 f"({[p.value for p in pools if p is not PoolName.KV]})"
             )
         given[pool_name] = idx
-    plans = [Plan(PoolName.KV, pools.anchor, list(range(n)), kv_idx)]
+    plans = [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)]
     draft: Plan | None = None
     for name, pool in pools.items() if len(pools) > 1 else ():
         if name is PoolName.KV:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -25,6 +26,7 @@ from ._errors import (
     OptionsError,
     PoolError,
 )
+from ._hookcall import PluginManager, hook_call
 from ._keys import DefaultPageKeys, ValidHashes
 from ._registry import availability, load_backend_class, load_extension_class
 from ._types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
@@ -40,6 +42,11 @@ log = logging.getLogger("hicache")
 TRACE_ENV = "HICACHE_TRACE"
 
 
+# The hooks called per batch, with their hookspec arguments: bound through ``hook_call``.
+_HOT_HOOKS = {
+    name: tuple(inspect.signature(getattr(hookspecs, name)).parameters)
+    for name in ("hicache_batch_io_v1", "hicache_batch_io_v2", "hicache_page_keys")
+}
 _SEQUENCES = (list, tuple, ValidHashes)  # sequences and never str/bytes: no ABC check needed
 
 
@@ -96,7 +103,7 @@ class Store:
         self.backend_class = cls
         self.capabilities: Capabilities = cls.capabilities  # type: ignore[attr-defined]
         self.options = validate_options(cls, self.name, config.options)
-        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm = PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.keys = DefaultPageKeys(config)
         self.pm.register(self.keys, name="hicache-default-keys")
@@ -128,10 +135,12 @@ class Store:
         self._undo_trace = (
             _enable_tracing(self.pm) if os.environ.get(TRACE_ENV, "") not in ("", "0") else None
         )
-        hook = self.pm.hook
-        self._hook_v1 = hook.hicache_batch_io_v1
-        self._hook_v2 = hook.hicache_batch_io_v2
-        self._hook_keys = hook.hicache_page_keys
+        self._resolve_hooks()
+
+    def _resolve_hooks(self) -> None:
+        """Bind the hot-path hooks for the manager's current registrations (see ``_hookcall``)."""
+        self._hooks_generation = self.pm.generation
+        self._hooks = {name: hook_call(self.pm, name, args) for name, args in _HOT_HOOKS.items()}
 
     def _instance_capabilities(self) -> Capabilities:
         """The opened backend's capabilities: its class's, or an instance's narrower per-options copy."""
@@ -203,9 +212,7 @@ class Store:
             )
         if type(pool_name) is not PoolName:
             pool_name = _pool_name(pool_name)
-        result = self._call(
-            "hicache_page_keys", self._hook_keys, pool_name=pool_name, page_hashes=page_hashes
-        )
+        result = self._call("hicache_page_keys", pool_name=pool_name, page_hashes=page_hashes)
         if result is None or len(result) != len(page_hashes):
             raise BackendContractError(
                 f"backend {self.name!r}: hicache_page_keys returned "
@@ -229,7 +236,7 @@ class Store:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v1 I/O")
         if not keys:
             return []
-        result = self._call("hicache_batch_io_v1", self._hook_v1, op=op, keys=keys, buffers=buffers)
+        result = self._call("hicache_batch_io_v1", op=op, keys=keys, buffers=buffers)
         return self._check_flags("hicache_batch_io_v1", result, len(keys))
 
     def batch_io_v2(self, op: IoOp | str, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
@@ -244,7 +251,7 @@ class Store:
                 self.pool(t.pool)  # raises PoolError
         if not transfers:
             return []
-        result = self._call("hicache_batch_io_v2", self._hook_v2, op=op, transfers=transfers)
+        result = self._call("hicache_batch_io_v2", op=op, transfers=transfers)
         if result is None or len(result) != len(transfers):
             raise BackendContractError(
                 f"backend {self.name!r}: hicache_batch_io_v2 must return one list per transfer "
@@ -252,10 +259,12 @@ class Store:
             )
         return [self._check_flags("hicache_batch_io_v2", r, len(t)) for r, t in zip(result, transfers)]
 
-    def _call(self, hook: str, caller: Any, **kwargs: Any) -> Any:
-        """Run a hook; a non-hicache exception from a plugin becomes a typed BackendIOError."""
+    def _call(self, hook: str, **kwargs: Any) -> Any:
+        """Run a hot-path hook; a non-hicache exception from a plugin becomes a typed BackendIOError."""
+        if self.pm.generation != self._hooks_generation:  # plugins or tracing changed since binding
+            self._resolve_hooks()
         try:
-            return caller(**kwargs)
+            return self._hooks[hook](**kwargs)
         except HiCacheError:
             raise
         except Exception as err:
