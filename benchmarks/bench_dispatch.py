@@ -237,13 +237,8 @@ def _time(fn: Callable[[], None], reset: Callable[[], None]) -> tuple[float, flo
     return time.thread_time() - c0, time.perf_counter() - w0
 
 
-def measure(path: str, page_bytes: int, iters: int) -> dict[str, Any]:
-    """Interleaved hooked/direct iterations (3 backend calls each); medians in µs.
-
-    Everything runs synchronously in this thread, so the headline uses the thread's CPU time
-    (preemption by other processes on a shared machine does not count); wall time is reported
-    too.
-    """
+def _sample(path: str, page_bytes: int, iters: int) -> tuple[dict[str, list[tuple[float, float]]], int]:
+    """``iters`` interleaved (hooked, direct) pairs on one freshly allocated case; its page size."""
     case = Case(path, page_bytes)
     try:
         for _ in range(3):  # warm-up (first-call costs, caches)
@@ -258,28 +253,46 @@ def measure(path: str, page_bytes: int, iters: int) -> dict[str, Any]:
                     runs[side].append(_time(getattr(case, side), case.backend.reset))
         finally:
             gc.enable()
-        cpu = {k: statistics.median(c for c, _ in v) for k, v in runs.items()}
-        wall = {k: statistics.median(w for _, w in v) for k, v in runs.items()}
-        h, d = cpu["hooked"], cpu["direct"]
-        # Paired estimate: iteration i ran both sides back to back, so their ratio cancels
-        # load drifts of the shared machine; the median ignores outlier iterations.
-        paired = statistics.median(hc / dc for (hc, _), (dc, _) in zip(runs["hooked"], runs["direct"]))
-        return {
-            "path": path,
-            "page_bytes": case.page_bytes,
-            "batch_pages": BATCH,
-            "iterations": iters,
-            "hooked_us": h * 1e6,
-            "direct_us": d * 1e6,
-            "overhead_us_per_batch_op": (h - d) * 1e6 / 2,  # backup and prefetch
-            "ratio": paired,
-            "ratio_of_medians": h / d,
-            "wall_hooked_us": wall["hooked"] * 1e6,
-            "wall_direct_us": wall["direct"] * 1e6,
-            "wall_ratio": wall["hooked"] / wall["direct"],
-        }
+        return runs, case.page_bytes
     finally:
         case.close()
+
+
+def measure(path: str, page_bytes: int, iters: int, allocations: int = 1) -> dict[str, Any]:
+    """Interleaved hooked/direct iterations (3 backend calls each); medians in µs.
+
+    Everything runs synchronously in this thread, so the headline uses the thread's CPU time
+    (preemption by other processes on a shared machine does not count); wall time is reported
+    too. With ``allocations > 1`` the iterations are split over that many freshly allocated
+    cases (pools, arena, controller) and pooled: where the buffers land shifts one case's
+    ratio by up to +-2% on this machine, more than the iterations of one case vary.
+    """
+    runs: dict[str, list[tuple[float, float]]] = {"hooked": [], "direct": []}
+    for _ in range(allocations):
+        part, actual_page_bytes = _sample(path, page_bytes, -(-iters // allocations))
+        for side in runs:
+            runs[side] += part[side]
+    cpu = {k: statistics.median(c for c, _ in v) for k, v in runs.items()}
+    wall = {k: statistics.median(w for _, w in v) for k, v in runs.items()}
+    h, d = cpu["hooked"], cpu["direct"]
+    # Paired estimate: iteration i ran both sides back to back, so their ratio cancels load
+    # drifts of the shared machine; the median ignores outlier iterations.
+    paired = statistics.median(hc / dc for (hc, _), (dc, _) in zip(runs["hooked"], runs["direct"]))
+    return {
+        "path": path,
+        "page_bytes": actual_page_bytes,
+        "batch_pages": BATCH,
+        "iterations": len(runs["hooked"]),
+        "allocations": allocations,
+        "hooked_us": h * 1e6,
+        "direct_us": d * 1e6,
+        "overhead_us_per_batch_op": (h - d) * 1e6 / 2,  # backup and prefetch
+        "ratio": paired,
+        "ratio_of_medians": h / d,
+        "wall_hooked_us": wall["hooked"] * 1e6,
+        "wall_direct_us": wall["direct"] * 1e6,
+        "wall_ratio": wall["hooked"] / wall["direct"],
+    }
 
 
 def profile_hooked(path: str = "v2", page_bytes: int = 16 * 1024, iters: int = 200, top: int = 25) -> str:
@@ -308,7 +321,13 @@ def run(quick: bool = False) -> dict[str, Any]:
     else:
         sizes, iters = (16 * 1024, 64 * 1024, 256 * 1024, 1024 * 1024), 100
     with installed_backends():
-        cases = [measure(path, size, iters) for path in ("v1", "v2") for size in sizes]
+        cases = [
+            measure(path, size, iters * 2, allocations=4)
+            if (path, size) == HEADLINE and not SMOKE
+            else measure(path, size, iters)
+            for path in ("v1", "v2")
+            for size in sizes
+        ]
     head = next(c for c in cases if (c["path"], c["page_bytes"]) == HEADLINE)
     return {
         "dispatch_overhead": {
