@@ -42,7 +42,6 @@ from hicache_core import (
     PoolError,
     PoolName,
     PoolTransfer,
-    StorageConfig,
     hookimpl,
 )
 
@@ -53,7 +52,7 @@ from ._options import MooncakeOptions
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from hicache_core import HostPool
+    from hicache_core import HostPool, StorageConfig
 
 __all__ = ["MooncakeBackend"]
 
