@@ -100,7 +100,7 @@ def listing_check() -> dict[str, Any]:
 def run(quick: bool = False) -> dict[str, Any]:
     """Return ``{"cold_start_vs_python": {...}}`` with per-command min/median seconds."""
     cmds = commands()
-    runs = 1 if SMOKE else 3 if quick else 10
+    runs = 1 if SMOKE else 5 if quick else 10
     if not SMOKE:
         warm = _warm_env()
         for cmd in cmds.values():  # warm the page cache and the bytecode caches once
