@@ -361,3 +361,46 @@ def test_keys_resolve_once_per_page_and_operation(memory_backends, monkeypatch) 
         ctl.backup(hs[:3], range(3))  # one chunk: the whole request at once
         assert seen == [("ValidHashes", 3)]
     assert membackend.SHARED
+
+
+# ------------------------------------------------------------------ page keys
+def _ref_page_keys(prefixes: Sequence[str], page_hashes: Sequence[Any]) -> list[tuple[str, ...]]:
+    _ref_check_page_hashes(page_hashes)
+    return [tuple(p + h for p in prefixes) for h in page_hashes]
+
+
+@settings(max_examples=400, deadline=None)
+@given(hash_batches, st.integers(1, 4))
+def test_page_keys_match_reference(batch: list[Any], ncomp: int) -> None:
+    """Keys cut from the joined hashes equal per-page concatenation, for lists and ValidHashes."""
+    from hicache_core._keys import KeyScheme
+
+    cfg = hc.StorageConfig(backend="file", model_name="keys-ref")
+    scheme = KeyScheme(cfg)
+    comps = [f"c{i}" for i in range(ncomp)]
+    prefixes = scheme.prefixes(PoolName.KV, comps, False)
+    expected = _outcome(_ref_page_keys, prefixes, batch)
+    assert _outcome(scheme.keys, PoolName.KV, comps, False, batch) == expected
+    if expected[0] == "ok":
+        valid = ValidHashes(batch)
+        assert scheme.keys(PoolName.KV, comps, False, valid) == expected[1]
+        picked = valid.pick(range(len(valid) - 1, -1, -1))  # a pick carries no joined text
+        assert scheme.keys(PoolName.KV, comps, False, picked) == expected[1][::-1]
+
+
+def test_page_keys_come_from_the_validated_text() -> None:
+    """A sequence that yields other items on a second pass cannot smuggle an unchecked hash."""
+
+    class Shifty(list):  # type: ignore[type-arg]
+        passes = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            Shifty.passes += 1
+            return iter(["../../etc/passwd"] if Shifty.passes > 1 else list.__iter__(self))
+
+    from hicache_core._keys import KeyScheme
+
+    scheme = KeyScheme(hc.StorageConfig(backend="file", model_name="keys-ref"))
+    keys = scheme.keys(PoolName.KV, ["k"], False, Shifty(["abc", "def"]))
+    assert [k[0].rsplit(".", 1)[1] for k in keys] == ["abc", "def"]
+    assert all(".." not in k[0] for k in keys)
