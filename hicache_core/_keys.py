@@ -60,42 +60,19 @@ def check_page_hashes(page_hashes: Sequence[str]) -> None:
         _check_all(page_hashes)
 
 
-def _check_all(page_hashes: Sequence[str]) -> str:
-    """Validate ``page_hashes``; return ``"\\n".join(page_hashes)`` (the keys are cut from it)."""
+def _check_all(page_hashes: Sequence[str]) -> None:
     if not page_hashes:
-        return ""
+        return
     try:
         joined = "\n".join(page_hashes)
     except TypeError:
         joined = ""
     n = len(page_hashes)
     if _uniform_valid(joined, n):
-        return joined
+        return
     if joined.count("\n") != n - 1 or not _HASHES_RE.fullmatch(joined):
         for h in page_hashes:
             check_page_hash(h)
-    return joined
-
-
-def _valid_joined(page_hashes: Sequence[str]) -> str:
-    """``"\\n".join(page_hashes)`` of valid hashes (checked here unless a ``ValidHashes``)."""
-    if type(page_hashes) is ValidHashes:
-        joined: str | None = page_hashes.__dict__.get("_joined")
-        return joined if joined is not None else "\n".join(page_hashes)
-    return _check_all(page_hashes)
-
-
-def _component_keys(prefixes: Sequence[str], joined: str) -> list[tuple[str, ...]]:
-    """Per page, ``tuple(p + hash for p in prefixes)``, cut from the joined valid hashes at C speed.
-
-    Hashes and prefixes never contain a newline, so in ``p + joined`` with every separator
-    replaced by ``"\\n" + p`` each line is one key: one ``replace`` and one ``split`` per
-    component instead of a string concatenation per page. The keys are made from exactly the
-    text that was validated, whatever the sequence's iteration does on a second pass.
-    """
-    if not joined:  # no pages (an empty hash never passes validation)
-        return []
-    return list(zip(*[(p + joined.replace("\n", "\n" + p)).split("\n") for p in prefixes]))
 
 
 def _uniform_valid(joined: str, n: int) -> bool:
@@ -126,15 +103,13 @@ class ValidHashes(tuple[str, ...]):
     again. Any other sequence, subclasses included, is checked in full.
     """
 
-    _joined: str  # the validated "\n".join, reused to build keys (absent on picks)
+    __slots__ = ()
 
     def __new__(cls, page_hashes: Iterable[str] = ()) -> ValidHashes:
         # An immutable copy is what gets checked and kept (an exact tuple is immutable already).
         items = page_hashes if type(page_hashes) is tuple else tuple(page_hashes)
-        joined = _check_all(items)
-        self = super().__new__(cls, items)
-        self._joined = joined
-        return self
+        _check_all(items)
+        return super().__new__(cls, items)
 
     def pick(self, positions: Iterable[int]) -> ValidHashes:
         """The hashes at ``positions``, in that order (taken from valid hashes: not checked again)."""
@@ -228,7 +203,8 @@ class KeyScheme:
         self, pool_name: PoolName, components: Sequence[str], replicated: bool, page_hashes: Sequence[str]
     ) -> list[tuple[str, ...]]:
         prefixes = self.prefixes(pool_name, components, replicated)
-        return _component_keys(prefixes, _valid_joined(page_hashes))
+        check_page_hashes(page_hashes)
+        return [tuple(p + h for p in prefixes) for h in page_hashes]
 
 
 class DefaultPageKeys:
@@ -256,4 +232,11 @@ class DefaultPageKeys:
                 f"{[p.value for p in self._pools]}. Attach it through CacheController (or "
                 "store.register_pool) before doing I/O on it"
             ) from None
-        return _component_keys(prefixes, _valid_joined(page_hashes))
+        check_page_hashes(page_hashes)
+        if len(prefixes) == 1:
+            p0 = prefixes[0]
+            return [(p0 + h,) for h in page_hashes]
+        if len(prefixes) == 2:  # MHA k/v
+            p0, p1 = prefixes
+            return [(p0 + h, p1 + h) for h in page_hashes]
+        return list(zip(*[[p + h for h in page_hashes] for p in prefixes]))
