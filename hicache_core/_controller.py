@@ -176,9 +176,7 @@ class CacheController:
             if type(policy) is not HitPolicy:
                 policy = HitPolicy(policy)
             # Every field is final: a PoolName, ints from check_indices, valid hashes, key tuples.
-            transfers.append(
-                PoolTransfer._trusted(p.name, tuple(p.indices), hashes, policy, tuple(keys))
-            )
+            transfers.append(PoolTransfer._trusted(p.name, tuple(p.indices), hashes, policy, tuple(keys)))
         return self._guard(
             ctx, op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
         )

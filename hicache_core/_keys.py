@@ -95,6 +95,15 @@ def _uniform_valid(joined: str, n: int) -> bool:
     )
 
 
+def _snapshot(page_hashes: Sequence[str]) -> Sequence[str]:
+    """``page_hashes`` itself if its iteration is the built-in one, else a tuple of one pass.
+
+    Keys are built from exactly what was validated: a subclass (or any other sequence) could
+    yield other items on the pass after the check.
+    """
+    return page_hashes if type(page_hashes) in _PLAIN_SEQUENCES else tuple(page_hashes)
+
+
 class ValidHashes(tuple[str, ...]):
     """Page hashes that passed :func:`check_page_hashes`: building one validates them.
 
@@ -203,8 +212,9 @@ class KeyScheme:
         self, pool_name: PoolName, components: Sequence[str], replicated: bool, page_hashes: Sequence[str]
     ) -> list[tuple[str, ...]]:
         prefixes = self.prefixes(pool_name, components, replicated)
-        check_page_hashes(page_hashes)
-        return [tuple(p + h for p in prefixes) for h in page_hashes]
+        items = _snapshot(page_hashes)
+        check_page_hashes(items)
+        return [tuple(p + h for p in prefixes) for h in items]
 
 
 class DefaultPageKeys:
@@ -232,11 +242,15 @@ class DefaultPageKeys:
                 f"{[p.value for p in self._pools]}. Attach it through CacheController (or "
                 "store.register_pool) before doing I/O on it"
             ) from None
-        check_page_hashes(page_hashes)
+        items = _snapshot(page_hashes)
+        check_page_hashes(items)
         if len(prefixes) == 1:
             p0 = prefixes[0]
-            return [(p0 + h,) for h in page_hashes]
+            return [(p0 + h,) for h in items]
         if len(prefixes) == 2:  # MHA k/v
             p0, p1 = prefixes
-            return [(p0 + h, p1 + h) for h in page_hashes]
-        return list(zip(*[[p + h for h in page_hashes] for p in prefixes]))
+            return [(p0 + h, p1 + h) for h in items]
+        return list(zip(*[[p + h for h in items] for p in prefixes]))
+
+
+_PLAIN_SEQUENCES = (list, tuple, ValidHashes)

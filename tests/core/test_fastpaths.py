@@ -361,3 +361,26 @@ def test_keys_resolve_once_per_page_and_operation(memory_backends, monkeypatch) 
         ctl.backup(hs[:3], range(3))  # one chunk: the whole request at once
         assert seen == [("ValidHashes", 3)]
     assert membackend.SHARED
+
+
+# ------------------------------------------------------------------ page keys
+def test_page_keys_come_from_the_validated_items() -> None:
+    """A sequence that yields other items on a second pass cannot smuggle an unchecked hash."""
+    from hicache_core._keys import DefaultPageKeys, KeyScheme
+
+    class Shifty(list):  # type: ignore[type-arg]
+        passes = 0
+
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            Shifty.passes += 1
+            return iter(["../../etc/passwd"] if Shifty.passes > 1 else list.__iter__(self))
+
+    cfg = hc.StorageConfig(backend="file", model_name="keys-ref")
+    keys = KeyScheme(cfg).keys(PoolName.KV, ["k"], False, Shifty(["abc", "def"]))
+    assert [k[0].rsplit(".", 1)[1] for k in keys] == ["abc", "def"]
+    Shifty.passes = 0
+    default = DefaultPageKeys(cfg)
+    default.hicache_register_pool(PoolName.KV, hc.MHAKVPool(2, 4, 1, 1, 8, allocate=False))
+    keys = default.hicache_page_keys(PoolName.KV, Shifty(["abc", "def"]))
+    assert all(".." not in k for ks in keys for k in ks)
+    assert [ks[0].rsplit(".", 1)[1] for ks in keys] == ["abc", "def"]
