@@ -17,10 +17,22 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, TypeVar
 
+from . import _one_batch
 from ._config import StorageConfig
 from ._errors import BackendTimeoutError, BatchShapeError, ConfigError, HiCacheError, PoolError
 from ._keys import ValidHashes
-from ._plan import IndexLike, Plan, assign, chunks, mark, new_flags, plan_request, restorable, usable
+from ._plan import (
+    IndexLike,
+    Plan,
+    assign,
+    check_count,
+    chunks,
+    mark,
+    new_flags,
+    plan_request,
+    restorable,
+    usable,
+)
 from ._pool_group import HostPoolGroup
 from ._pools import HostPool
 from ._prefetch import PrefetchHandle
@@ -117,6 +129,16 @@ class CacheController:
         self._draft_io_fn = {"v2": self._io_v2, "v1": self._io_v1, None: None}[self._draft_path]
         # Backup sends pages without an existence pass when SET itself keeps stored objects.
         self._set_skips_existing = caps.set_skips_existing
+        # Requests that may take the one-batch path (``_one_batch``): the KV pool alone on v2,
+        # without draft offload or a call timeout. Backups also need this rank to write the pages.
+        self._one_batch = (
+            len(self.pools) == 1
+            and self.io_path == "v2"
+            and self._draft_path is None
+            and self.settings.io_timeout_s is None
+        )
+        self._one_batch_backup = self._one_batch and (cfg.tp_rank == 0 or not anchor.rank_replicated)
+        self._kv_policy = HitPolicy(anchor.hit_policy)
 
     def _resolve_draft(self) -> tuple[DraftIo, str | None]:
         if PoolName.DRAFT not in self.pools:
@@ -160,6 +182,11 @@ class CacheController:
         self, n: int, host_indices: IndexLike, extra: Mapping[PoolName | str, IndexLike] | None
     ) -> tuple[list[Plan], Plan | None]:
         return plan_request(self.pools, n, host_indices, extra, self._draft_path is not None)
+
+    def _kv_indices(self, host_indices: IndexLike, n: int) -> list[int]:
+        idx = self.pools.anchor.check_indices(host_indices)
+        check_count(idx, n)
+        return idx
 
     def _chunks(self, n: int) -> list[tuple[int, int]]:
         return chunks(n, self.settings.batch_pages)
@@ -224,10 +251,15 @@ class CacheController:
         try:
             return call() if self.settings.io_timeout_s is None else self._bounded(call)
         except Exception as err:
-            msg = f"backend {self.store.name!r} failed {op.value} of {sum(sizes)} entries: {type(err).__name__}: {err}"
-            log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
-            ctx.errors.append(msg)
+            self._failed(ctx.errors, op, err, sum(sizes))
             return [[False] * s for s in sizes]
+
+    def _failed(self, errors: list[str], op: IoOp, err: Exception, n: int) -> list[bool]:
+        """Log and record a failed backend call of ``n`` entries; they all count as failed."""
+        msg = f"backend {self.store.name!r} failed {op.value} of {n} entries: {type(err).__name__}: {err}"
+        log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
+        errors.append(msg)
+        return [False] * n
 
     # ------------------------------------------------------------- operations
     def backup(
@@ -242,6 +274,18 @@ class CacheController:
         pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
         trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
         """
+        if self._one_batch_backup and not extra:
+            listed = self._check_hashes(page_hashes)
+            if 0 < len(listed) <= self.settings.batch_pages:
+                idx = self._kv_indices(host_indices, len(listed))
+                return _one_batch.backup(
+                    self.store,
+                    ValidHashes(listed),
+                    idx,
+                    self._kv_policy,
+                    skips_existing=self._set_skips_existing,
+                    fail=self._failed,
+                )
         return self._prepare("backup", page_hashes, host_indices, extra)()
 
     def backup_async(
@@ -268,6 +312,13 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
+        if self._one_batch and not extra and self.settings.prefetch_threshold <= 1:
+            listed = self._check_hashes(page_hashes)
+            if 0 < len(listed) <= self.settings.batch_pages:
+                idx = self._kv_indices(host_indices, len(listed))
+                return _one_batch.prefetch(
+                    self.store, ValidHashes(listed), idx, self._kv_policy, fail=self._failed
+                )
         return self._prepare("prefetch", page_hashes, host_indices, extra)()
 
     def prefetch_async(

@@ -23,6 +23,7 @@ __all__ = [
     "IndexLike",
     "Plan",
     "assign",
+    "check_count",
     "chunks",
     "mark",
     "new_flags",
@@ -86,10 +87,7 @@ def plan_request(
     """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
     anchor = pools.anchor
     kv_idx = anchor.check_indices(host_indices)
-    if len(kv_idx) != n:
-        raise BatchShapeError(
-            f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
-        )
+    check_count(kv_idx, n)
     if not extra and len(pools) == 1:  # the usual request: the KV pool alone
         return [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)], None
     given: dict[PoolName, IndexLike] = {}
@@ -133,6 +131,14 @@ def plan_request(
         else:
             plans.append(plan)
     return plans, draft
+
+
+def check_count(kv_indices: list[int], n: int) -> None:
+    """One KV host page per page hash, or :class:`BatchShapeError`."""
+    if len(kv_indices) != n:
+        raise BatchShapeError(
+            f"{len(kv_indices)} KV host indices for {n} page hashes; pass one host page per page hash"
+        )
 
 
 def chunks(n: int, step: int) -> list[tuple[int, int]]:

@@ -24,6 +24,8 @@ class MemoryBackend:
         model_config = ConfigDict(extra="forbid")
         fail_pools: list[str] = []
         raise_on: list[str] = []
+        raise_ops: list[str] = []  # v2 calls of these ops ("exists", "set", "get") raise
+        fail_every: int = 0  # v2 SET / GET report every k-th page of a transfer failed (k > 0)
 
     capabilities = Capabilities(
         v1=True, v2=True, persistent=False, shared=False, draft_io=DraftIoMode.GENERIC
@@ -80,6 +82,8 @@ class MemoryBackend:
     def hicache_batch_io_v2(self, op, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
         self.calls.append(("v2", str(op), sum(len(t) for t in transfers)))
         results = []
+        if IoOp(op).value in self.options.raise_ops:
+            raise RuntimeError(f"injected {IoOp(op).value} failure")
         for t in transfers:
             if t.pool.value in self.options.raise_on:
                 raise RuntimeError(f"injected failure on pool {t.pool.value}")
@@ -89,7 +93,11 @@ class MemoryBackend:
             pool = self.pools[t.pool]
             views = pool.page_views(t.host_indices) if op is not IoOp.EXISTS else [()] * len(t)
             page_ok = []
-            for keys, v in zip(t.keys, views):
+            k = self.options.fail_every
+            for i, (keys, v) in enumerate(zip(t.keys, views)):
+                if k and op is not IoOp.EXISTS and i % k == k - 1:
+                    page_ok.append(False)
+                    continue
                 flags = self._io(op, keys, v if op is not IoOp.EXISTS else None)
                 page_ok.append(all(flags))
             results.append(page_ok)

@@ -1,0 +1,82 @@
+"""The controller's straight-line path for its most common request: the KV pool alone, one batch.
+
+A backup or prefetch of at most ``batch_pages`` pages of the KV pool, with no other pool, no
+draft offload and no call timeout, needs none of the general path's planning, chunking and
+per-pool bookkeeping. Right after a batch has moved megabytes the CPU caches are cold, and
+then every function the controller runs costs microseconds; this path runs a handful. Its
+results are those of the general path (``CacheController._run_backup`` /
+``_prefetch_direct``), which ``tests/core/test_one_batch.py`` checks against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from operator import countOf
+
+from ._keys import ValidHashes
+from ._results import TransferResult, leading_run
+from ._store import Store
+from ._types import HitPolicy, IoOp, PoolName, PoolTransfer
+
+__all__ = ["Failure", "backup", "prefetch"]
+
+#: Records a failed backend call in ``errors`` and returns its flags: ``fail(errors, op, err, n)``.
+Failure = Callable[[list[str], IoOp, Exception, int], list[bool]]
+
+
+def _transfer(store: Store, hashes: ValidHashes, indices: list[int], policy: HitPolicy) -> PoolTransfer:
+    keys = tuple(map(tuple, store.page_keys(PoolName.KV, hashes)))  # resolved once per operation
+    return PoolTransfer._trusted(PoolName.KV, tuple(indices), hashes, policy, keys)
+
+
+def _io(store: Store, op: IoOp, transfer: PoolTransfer, errors: list[str], fail: Failure) -> list[bool]:
+    try:
+        return list(store.batch_io_v2(op, [transfer])[0])  # never the backend's own list object
+    except Exception as err:
+        return fail(errors, op, err, len(transfer))
+
+
+def backup(
+    store: Store,
+    hashes: ValidHashes,
+    indices: list[int],
+    policy: HitPolicy,
+    *,
+    skips_existing: bool,
+    fail: Failure,
+) -> TransferResult:
+    """Existence pass (unless the backend skips stored pages itself), then SET of the missing pages."""
+    errors: list[str] = []
+    t = _transfer(store, hashes, indices, policy)
+    if skips_existing:
+        flags = _io(store, IoOp.SET, t, errors, fail)
+        return TransferResult(leading_run(flags), {PoolName.KV: flags}, None, 0, tuple(errors))
+    found = _io(store, IoOp.EXISTS, t, errors, fail)
+    n = len(found)
+    skipped = countOf(found, True)  # the store checked that these are bools
+    if skipped == n:
+        return TransferResult(n, {PoolName.KV: found}, None, skipped, tuple(errors))
+    if skipped == 0:
+        flags = _io(store, IoOp.SET, t, errors, fail)
+    else:
+        keep = [i for i, f in enumerate(found) if not f]
+        todo = PoolTransfer._trusted(
+            PoolName.KV,
+            tuple(t.host_indices[i] for i in keep),
+            hashes.pick(keep),
+            policy,
+            tuple(t.keys[i] for i in keep),
+        )
+        flags = list(found)
+        for i, ok in zip(keep, _io(store, IoOp.SET, todo, errors, fail)):
+            flags[i] = ok
+    return TransferResult(leading_run(flags), {PoolName.KV: flags}, None, skipped, tuple(errors))
+
+
+def prefetch(
+    store: Store, hashes: ValidHashes, indices: list[int], policy: HitPolicy, *, fail: Failure
+) -> TransferResult:
+    """One GET; the leading run of pages read is the usable prefix."""
+    errors: list[str] = []
+    flags = _io(store, IoOp.GET, _transfer(store, hashes, indices, policy), errors, fail)
+    return TransferResult(leading_run(flags), {PoolName.KV: flags}, None, 0, tuple(errors))
