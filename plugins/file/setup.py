@@ -40,6 +40,7 @@ setup(
             "hicache_file._fastio",
             ["hicache_file/_fastio.c"],
             extra_compile_args=["-O2"] if sys.platform != "win32" else [],
+            libraries=["dl"] if sys.platform == "linux" else [],
             optional=sys.platform != "linux",
         )
     ],

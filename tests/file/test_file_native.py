@@ -117,9 +117,16 @@ def test_page_that_is_a_directory_is_a_read_error(tmp_path: Path, engine: str) -
 
 
 @needs_native
+@pytest.mark.parametrize("c_checksums", [True, False], ids=["c-checksums", "python-checksums"])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_corrupt_and_resized_pages(tmp_path: Path, engine: str) -> None:
+def test_corrupt_and_resized_pages(
+    tmp_path: Path, engine: str, c_checksums: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A flipped byte is quarantined; a valid page of another size is a plain miss."""
+    if c_checksums and not _native_io.checksums_in_c():
+        pytest.skip("libxxhash (libxxhash0) is not installed: reads checksum in Python")
+    if not c_checksums:
+        monkeypatch.setattr(_native_io, "checksums_in_c", lambda: False)
     kv = MLAKVPool(4, 4, 2, 16)
     fill(kv, 3)
     hashes = page_hashes(list(range(16)), 4)
@@ -158,3 +165,29 @@ def test_fastio_rejects_malformed_items(tmp_path: Path) -> None:
         fastio.publish_batch([(str(tmp_path), str(tmp_path / "p"), "not a list", True)])
     assert fastio.read_batch([]) == [] and fastio.publish_batch([]) == []
     assert fastio.read_batch([(str(tmp_path / "missing"), [bytearray(4)])]) == [-2]
+
+
+@needs_native
+def test_c_checksums_equal_the_python_ones(tmp_path: Path) -> None:
+    """``read_batch_xxh3`` digests each payload (between header and probe) as ``_format.checksum``."""
+    from hicache_file import _format as fmt
+
+    fastio = _native_io._fastio
+    assert fastio is not None
+    if not fastio.HAVE_XXH3:
+        pytest.skip("libxxhash (libxxhash0) is not installed: reads checksum in Python")
+    gen = torch.Generator().manual_seed(7)
+    items, parts_of = [], []
+    for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17]]):
+        data = torch.randint(0, 256, (24 + sum(sizes),), dtype=torch.uint8, generator=gen).numpy().tobytes()
+        path = tmp_path / f"p{i}"
+        path.write_bytes(data)
+        parts = [bytearray(n) for n in sizes]
+        parts_of.append(parts)
+        items.append((str(path), [bytearray(24), *parts, bytearray(1)]))
+    items.append((str(tmp_path / "missing"), [bytearray(24), bytearray(8), bytearray(1)]))
+    codes, sums = fastio.read_batch_xxh3(items)
+    assert codes[:-1] == [24 + sum(len(p) for p in parts) for parts in parts_of] and codes[-1] == -2
+    assert sums[:-1] == [fmt.checksum(parts) for parts in parts_of] and sums[-1] == 0
+    with pytest.raises(ValueError):
+        fastio.read_batch_xxh3([(str(tmp_path / "p0"), [bytearray(24), bytearray(1)])])

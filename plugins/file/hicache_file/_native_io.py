@@ -3,7 +3,10 @@
 Python still decides everything: it builds each page's header and checksum, hands a range of
 pages to :func:`_fastio.publish_batch` / :func:`_fastio.read_batch` (which issue the syscalls
 with the GIL released, so ``io_threads`` ranges really overlap in the kernel), then verifies
-every read and accounts every result exactly like the pure-Python path in ``_backend``. Any
+every read and accounts every result exactly like the pure-Python path in ``_backend``. When
+the system's libxxhash is available (``_fastio.HAVE_XXH3``), reads use
+:func:`_fastio.read_batch_xxh3`, which also checksums each payload without the GIL; python-xxhash
+holds it, so the I/O threads would otherwise checksum one after the other. Any
 read that does not verify is handed back to that path, which re-reads, classifies and
 quarantines it, so corruption handling lives in one place.
 """
@@ -27,7 +30,7 @@ try:
 except ImportError:  # not built (no compiler at install time): the pure-Python path is used
     _fastio = None
 
-__all__ = ["available", "get_range", "set_range"]
+__all__ = ["available", "checksums_in_c", "get_range", "set_range"]
 
 _FH = fmt.FIXED_HEADER
 _ENOENT = -errno.ENOENT
@@ -36,6 +39,11 @@ _ENOENT = -errno.ENOENT
 def available() -> bool:
     """The extension is built and can publish with ``O_TMPFILE`` on this platform."""
     return _fastio is not None and bool(_fastio.HAVE_TMPFILE)
+
+
+def checksums_in_c() -> bool:
+    """Reads also checksum their payloads in C, without the GIL (the system has libxxhash)."""
+    return _fastio is not None and bool(getattr(_fastio, "HAVE_XXH3", 0))
 
 
 def set_range(
@@ -136,7 +144,13 @@ def get_range(
         headers.append(hdr)
         kbs.append(kb)
         items.append((paths[j], [hdr, *iovs[j], spare]))
-    codes = _fastio.read_batch(items) if items else []
+    sums: list[int] | None = None
+    if not items:
+        codes: list[int] = []
+    elif checksums_in_c():
+        codes, sums = _fastio.read_batch_xxh3(items)
+    else:
+        codes = _fastio.read_batch(items)
     checksum, xxh3 = fmt.checksum, fmt.xxh3_64
     prefixes: dict[tuple[int, int], bytes] = {}
     out: list[bool] = []
@@ -160,7 +174,8 @@ def get_range(
             code == _FH + klen + size
             and hdr[:16] == prefix
             and hdr[_FH:] == kb
-            and int.from_bytes(hdr[16:24], "little") == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
+            and int.from_bytes(hdr[16:24], "little")
+            == (sums[i] if sums is not None else xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
         ):
             if posts is not None and posts[j] is not None:
                 dst, scratch = posts[j]  # type: ignore[misc]
