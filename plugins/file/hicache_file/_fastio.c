@@ -371,6 +371,17 @@ static uint64_t payload_xxh3(Batch *b, Item *it, void *state) {
     return xxh3.digest(state);
 }
 
+/* Read every item of `b` with the GIL released; with `sums`, also digest each payload read. */
+static void run_reads(Batch *b, uint64_t *sums, void *state) {
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b->nitems; i++) {
+        Item *it = &b->items[i];
+        it->result = read_one(it, &b->iov[it->first]);
+        if (sums != NULL && it->result >= 0) sums[i] = payload_xxh3(b, it, state);
+    }
+    Py_END_ALLOW_THREADS
+}
+
 static PyObject *read_batch_xxh3(PyObject *self, PyObject *args) {
     PyObject *items;
     (void)self;
@@ -396,13 +407,7 @@ static PyObject *read_batch_xxh3(PyObject *self, PyObject *args) {
         batch_free(&b);
         return PyErr_NoMemory();
     }
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < b.nitems; i++) {
-        Item *it = &b.items[i];
-        it->result = read_one(it, &b.iov[it->first]);
-        if (it->result >= 0) sums[i] = payload_xxh3(&b, it, state);
-    }
-    Py_END_ALLOW_THREADS
+    run_reads(&b, sums, state);
     xxh3.release(state);
     PyObject *codes = batch_results(&b);
     PyObject *digests = codes ? PyList_New(b.nitems) : NULL;
@@ -432,10 +437,7 @@ static PyObject *read_batch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O:read_batch", &items)) return NULL;
     Batch b;
     if (batch_parse(&b, items, 0) < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < b.nitems; i++)
-        b.items[i].result = read_one(&b.items[i], &b.iov[b.items[i].first]);
-    Py_END_ALLOW_THREADS
+    run_reads(&b, NULL, NULL);
     PyObject *out = batch_results(&b);
     batch_free(&b);
     return out;
