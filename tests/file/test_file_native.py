@@ -191,3 +191,44 @@ def test_c_checksums_equal_the_python_ones(tmp_path: Path) -> None:
     assert sums[:-1] == [fmt.checksum(parts) for parts in parts_of] and sums[-1] == 0
     with pytest.raises(ValueError):
         fastio.read_batch_xxh3([(str(tmp_path / "p0"), [bytearray(24), bytearray(1)])])
+
+
+@needs_native
+def test_c_write_checksums_equal_the_python_ones(tmp_path: Path) -> None:
+    """``publish_batch_xxh3`` stores ``_format.checksum`` of the payload in header bytes 16..23."""
+    from hicache_file import _format as fmt
+
+    fastio = _native_io._fastio
+    assert fastio is not None
+    if not fastio.HAVE_XXH3:
+        pytest.skip("libxxhash (libxxhash0) is not installed: writes checksum in Python")
+    gen = torch.Generator().manual_seed(11)
+    items, parts_of = [], []
+    for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17], [0]]):
+        parts = [
+            torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).numpy().tobytes() for n in sizes
+        ]
+        parts_of.append(parts)
+        key = f"k{i}".encode()
+        header = bytearray(fmt.encode_header(key, sum(sizes), 0))
+        items.append((str(tmp_path) + "/", str(tmp_path / f"k{i}"), [header, *parts], True))
+    assert fastio.publish_batch_xxh3(items) == [0] * len(items)
+    for (_, path, bufs, _), parts in zip(items, parts_of):
+        digest = fmt.checksum(parts)
+        assert int.from_bytes(bufs[0][16:24], "little") == digest
+        assert Path(path).read_bytes() == fmt.encode_header(
+            Path(path).name.encode(), sum(map(len, parts)), digest
+        ) + b"".join(parts)
+    # a present page is skipped without hashing: its header is left alone
+    again = bytearray(fmt.encode_header(b"k0", 1, 0))
+    assert fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "k0"), [again, b"x"], True)]) == [
+        1
+    ]
+    assert again[16:24] == bytes(8)
+    with pytest.raises(BufferError):  # the header must be writable
+        fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "r"), [bytes(24), b"x"], True)])
+    with pytest.raises(ValueError):  # too short a header
+        fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "s"), [bytearray(16), b"x"], True)])
+    with pytest.raises(ValueError):  # no payload buffer
+        fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "t"), [bytearray(24)], True)])
+    assert not any((tmp_path / n).exists() for n in ("r", "s", "t"))

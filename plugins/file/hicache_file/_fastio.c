@@ -19,6 +19,12 @@
  *       is kept), -errno = failed (nothing is left behind: an unlinked O_TMPFILE inode is freed
  *       by the kernel on close).
  *
+ *   publish_batch_xxh3(items) -> list[int]
+ *       publish_batch, plus: the first buffer of each item is its header, writable and at least
+ *       24 bytes; just before the item is written, the XXH3-64 (seed 0) of its other buffers (the
+ *       payload) is stored little-endian in header bytes 16..23, with the GIL released. An item
+ *       skipped because its path exists is not hashed. Available when HAVE_XXH3 is 1.
+ *
  *   read_batch(items) -> list[int]
  *       items: sequence of (path: str, buffers: sequence of writable buffers).
  *       Per item: open, fill the buffers in order with readv until every buffer but the last is
@@ -101,8 +107,10 @@ static const char *keep_str(Batch *b, PyObject *s, const char *what) {
     return out;
 }
 
-/* Parse `items` into `b`. `publish` selects the tuple shape. Returns 0, or -1 with an exception. */
-static int batch_parse(Batch *b, PyObject *items, int publish) {
+/* Parse `items` into `b`. `publish` selects the tuple shape; with `publish` and
+ * `writable_header`, each item's first buffer must be writable. Returns 0, or -1 with an
+ * exception. */
+static int batch_parse(Batch *b, PyObject *items, int publish, int writable_header) {
     memset(b, 0, sizeof(*b));
     PyObject *seq = PySequence_Fast(items, "items must be a sequence");
     if (seq == NULL) return -1;
@@ -160,7 +168,8 @@ static int batch_parse(Batch *b, PyObject *items, int publish) {
         item->first = at;
         item->count = k;
         for (Py_ssize_t j = 0; j < k; j++) {
-            if (PyObject_GetBuffer(bv[j], &b->views[at], flags | PyBUF_C_CONTIGUOUS) < 0) goto fail;
+            int f = (j == 0 && writable_header) ? PyBUF_WRITABLE : flags;
+            if (PyObject_GetBuffer(bv[j], &b->views[at], f | PyBUF_C_CONTIGUOUS) < 0) goto fail;
             b->nviews++;
             b->iov[at].iov_base = b->views[at].buf;
             b->iov[at].iov_len = (size_t)b->views[at].len;
@@ -249,9 +258,9 @@ static int open_tmpfile(const char *dir) {
 }
 #endif
 
+/* Publish one item whose existence was already checked (see item_exists). */
 static long publish_one(Item *it, struct iovec *iov) {
 #ifdef O_TMPFILE
-    if (it->check_exists && access(it->path, F_OK) == 0) return 1;
     int fd = open_tmpfile(it->dir);
     if (fd == -ENOENT) {
         /* A new shard directory: create it here (its parent, the namespace directory, usually
@@ -276,6 +285,9 @@ static long publish_one(Item *it, struct iovec *iov) {
     return -ENOSYS;
 #endif
 }
+
+/* The item asks to skip a present page, and its path exists. */
+static int item_exists(const Item *it) { return it->check_exists && access(it->path, F_OK) == 0; }
 
 static long read_one(Item *it, struct iovec *iov) {
     int fd;
@@ -306,25 +318,6 @@ static long read_one(Item *it, struct iovec *iov) {
     }
     close(fd);
     return total;
-}
-
-static PyObject *publish_batch(PyObject *self, PyObject *args) {
-    PyObject *items;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O:publish_batch", &items)) return NULL;
-#ifndef O_TMPFILE
-    PyErr_SetString(PyExc_NotImplementedError, "O_TMPFILE is not available on this platform");
-    return NULL;
-#endif
-    Batch b;
-    if (batch_parse(&b, items, 1) < 0) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < b.nitems; i++)
-        b.items[i].result = publish_one(&b.items[i], &b.iov[b.items[i].first]);
-    Py_END_ALLOW_THREADS
-    PyObject *out = batch_results(&b);
-    batch_free(&b);
-    return out;
 }
 
 /* XXH3-64 from the system's libxxhash, resolved at import (NULL when unavailable). */
@@ -362,13 +355,85 @@ static int load_xxh3(void) {
     return 1;
 }
 
-/* XXH3-64 of views[first + 1 .. first + count - 2] (the payload between header and probe). */
-static uint64_t payload_xxh3(Batch *b, Item *it, void *state) {
-    Py_ssize_t lo = it->first + 1, hi = it->first + it->count - 1;
+/* XXH3-64 of views[first + 1 .. first + count - probe): the payload after the header (and
+ * before the probe of a read). */
+static uint64_t payload_xxh3(Batch *b, Item *it, void *state, int probe) {
+    Py_ssize_t lo = it->first + 1, hi = it->first + it->count - probe;
     if (hi - lo == 1) return xxh3.oneshot(b->views[lo].buf, (size_t)b->views[lo].len);
     xxh3.reset(state);
     for (Py_ssize_t j = lo; j < hi; j++) xxh3.update(state, b->views[j].buf, (size_t)b->views[j].len);
     return xxh3.digest(state);
+}
+
+/* Publish every item of `b` with the GIL released; with `state`, first store each payload's
+ * XXH3-64 in its header (bytes 16..23, little-endian). */
+static void run_publishes(Batch *b, void *state) {
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b->nitems; i++) {
+        Item *it = &b->items[i];
+        if (item_exists(it)) {
+            it->result = 1;
+            continue;
+        }
+        if (state != NULL) {
+            uint64_t sum = payload_xxh3(b, it, state, 0);
+            unsigned char *hdr = (unsigned char *)b->views[it->first].buf;
+            for (int k = 0; k < 8; k++) hdr[16 + k] = (unsigned char)(sum >> (8 * k));
+        }
+        it->result = publish_one(it, &b->iov[it->first]);
+    }
+    Py_END_ALLOW_THREADS
+}
+
+static PyObject *publish_common(PyObject *items, int with_sums) {
+#ifndef O_TMPFILE
+    (void)items;
+    (void)with_sums;
+    PyErr_SetString(PyExc_NotImplementedError, "O_TMPFILE is not available on this platform");
+    return NULL;
+#else
+    Batch b;
+    if (batch_parse(&b, items, 1, with_sums) < 0) return NULL;
+    void *state = NULL;
+    if (with_sums) {
+        for (Py_ssize_t i = 0; i < b.nitems; i++) {
+            if (b.items[i].count < 2 || b.views[b.items[i].first].len < 24) {
+                batch_free(&b);
+                PyErr_Format(PyExc_ValueError,
+                             "item %zd: publish_batch_xxh3 needs a header of at least 24 bytes and a payload", i);
+                return NULL;
+            }
+        }
+        state = xxh3.create();
+        if (state == NULL) {
+            batch_free(&b);
+            return PyErr_NoMemory();
+        }
+    }
+    run_publishes(&b, state);
+    if (state != NULL) xxh3.release(state);
+    PyObject *out = batch_results(&b);
+    batch_free(&b);
+    return out;
+#endif
+}
+
+static PyObject *publish_batch(PyObject *self, PyObject *args) {
+    PyObject *items;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O:publish_batch", &items)) return NULL;
+    return publish_common(items, 0);
+}
+
+static PyObject *publish_batch_xxh3(PyObject *self, PyObject *args) {
+    PyObject *items;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O:publish_batch_xxh3", &items)) return NULL;
+    if (xxh3.oneshot == NULL) {
+        PyErr_SetString(PyExc_NotImplementedError, "libxxhash with XXH3 is not available (HAVE_XXH3 is 0)");
+        return NULL;
+    }
+    return publish_common(items, 1);
 }
 
 /* Read every item of `b` with the GIL released; with `sums`, also digest each payload read. */
@@ -377,7 +442,7 @@ static void run_reads(Batch *b, uint64_t *sums, void *state) {
     for (Py_ssize_t i = 0; i < b->nitems; i++) {
         Item *it = &b->items[i];
         it->result = read_one(it, &b->iov[it->first]);
-        if (sums != NULL && it->result >= 0) sums[i] = payload_xxh3(b, it, state);
+        if (sums != NULL && it->result >= 0) sums[i] = payload_xxh3(b, it, state, 1);
     }
     Py_END_ALLOW_THREADS
 }
@@ -391,7 +456,7 @@ static PyObject *read_batch_xxh3(PyObject *self, PyObject *args) {
         return NULL;
     }
     Batch b;
-    if (batch_parse(&b, items, 0) < 0) return NULL;
+    if (batch_parse(&b, items, 0, 0) < 0) return NULL;
     for (Py_ssize_t i = 0; i < b.nitems; i++) {
         if (b.items[i].count < 3) {
             batch_free(&b);
@@ -436,7 +501,7 @@ static PyObject *read_batch(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "O:read_batch", &items)) return NULL;
     Batch b;
-    if (batch_parse(&b, items, 0) < 0) return NULL;
+    if (batch_parse(&b, items, 0, 0) < 0) return NULL;
     run_reads(&b, NULL, NULL);
     PyObject *out = batch_results(&b);
     batch_free(&b);
@@ -448,6 +513,9 @@ static PyMethodDef methods[] = {
      "publish_batch(items) -> list[int]: O_TMPFILE + linkat publish of a batch, GIL released.\n"
      "items: (shard_dir, path, buffers, check_exists) tuples. Per item: 0 published, 1 already "
      "present, -errno failed."},
+    {"publish_batch_xxh3", publish_batch_xxh3, METH_VARARGS,
+     "publish_batch_xxh3(items) -> list[int]: publish_batch that first stores the XXH3-64 of each\n"
+     "item's payload (every buffer after the first) in its writable header, bytes 16..23."},
     {"read_batch", read_batch, METH_VARARGS,
      "read_batch(items) -> list[int]: open + readv + close of a batch, GIL released.\n"
      "items: (path, writable buffers) tuples. Per item: bytes read, or -errno."},

@@ -1,12 +1,13 @@
 """The batched I/O path over the ``_fastio`` C extension (used when it is built).
 
-Python still decides everything: it builds each page's header and checksum, hands a range of
-pages to :func:`_fastio.publish_batch` / :func:`_fastio.read_batch` (which issue the syscalls
-with the GIL released, so ``io_threads`` ranges really overlap in the kernel), then verifies
+Python still decides everything: it builds each page's header (and its checksum when C does
+not), hands a range of pages to :func:`_fastio.publish_batch` / :func:`_fastio.read_batch`
+(which issue the syscalls with the GIL released, so ``io_threads`` ranges really overlap in the kernel), then verifies
 every read and accounts every result exactly like the pure-Python path in ``_backend``. When
-the system's libxxhash is available (``_fastio.HAVE_XXH3``), reads use
-:func:`_fastio.read_batch_xxh3`, which also checksums each payload without the GIL; python-xxhash
-holds it, so the I/O threads would otherwise checksum one after the other. Any
+the system's libxxhash is available (``_fastio.HAVE_XXH3``), writes use
+:func:`_fastio.publish_batch_xxh3` and reads :func:`_fastio.read_batch_xxh3`, which also checksum
+each payload without the GIL (right before writing it, right after reading it); python-xxhash
+holds the GIL, so the I/O threads would otherwise checksum one after the other. Any
 read that does not verify is handed back to that path, which re-reads, classifies and
 quarantines it, so corruption handling lives in one place.
 """
@@ -42,7 +43,7 @@ def available() -> bool:
 
 
 def checksums_in_c() -> bool:
-    """Reads also checksum their payloads in C, without the GIL (the system has libxxhash)."""
+    """Writes and reads checksum their payloads in C, without the GIL (the system has libxxhash)."""
     return _fastio is not None and bool(getattr(_fastio, "HAVE_XXH3", 0))
 
 
@@ -67,6 +68,8 @@ def set_range(
     tally = _Tally()
     out = [False] * (hi - lo)
     header, xxh3, checksum = fmt.encode_header, fmt.xxh3_64, fmt.checksum
+    in_c = checksums_in_c()  # C stores each digest in its (writable) header just before the write
+    publish = _fastio.publish_batch_xxh3 if in_c else _fastio.publish_batch
     items: list[tuple[str, str, list[Any], bool]] = []
     where: list[int] = []  # position in ``out`` of each item
     disks: list[int] = []
@@ -77,13 +80,14 @@ def set_range(
         if max_bytes is not None and disk > max_bytes:
             tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={max_bytes}"), path)
             continue
-        digest = xxh3(iov[0]) if len(iov) == 1 else checksum(iov)
-        items.append(
-            (path[: len(path) - len(key)], path, [header(kb, size, digest), *iov], key not in absent)
-        )
+        if in_c:
+            head: bytes | bytearray = bytearray(header(kb, size, 0))
+        else:
+            head = header(kb, size, xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
+        items.append((path[: len(path) - len(key)], path, [head, *iov], key not in absent))
         where.append(j - lo)
         disks.append(disk)
-    codes = _fastio.publish_batch(items) if items else []
+    codes = publish(items) if items else []
     for _attempt in range(2):
         retry = [i for i, c in enumerate(codes) if c == _ENOENT]
         if not retry:
@@ -93,7 +97,7 @@ def set_range(
                 publisher.makedirs(d)
             except OSError:
                 pass  # the retry reports the error for each page
-        for i, c in zip(retry, _fastio.publish_batch([items[i] for i in retry])):
+        for i, c in zip(retry, publish([items[i] for i in retry])):
             codes[i] = c
     writes = skipped = nbytes = 0
     for i, code in enumerate(codes):
