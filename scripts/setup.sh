@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development environment in .venv/ at the repository root (idempotent).
-#   - system: libibverbs1 (needed by the Mooncake store) and libxxhash0 (optional, faster file-backend
-#     reads), installed with apt-get when missing and we are root
+#   - system: libibverbs1 (needed by the Mooncake store), installed with apt-get when missing and
+#     we are root
 #   - python: torch 2.13.0 (CPU wheel), the core with its dev extra and every plugin in plugins/, editable
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,16 +14,6 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
     (apt-get install -y -q libibverbs1 >/dev/null 2>&1) || (apt-get update -q >/dev/null && apt-get install -y -q libibverbs1 >/dev/null)
   else
     echo "setup: WARNING libibverbs1 is missing; install it (apt-get install libibverbs1) for the mooncake plugin" >&2
-  fi
-fi
-# Optional: with libxxhash0 the file backend's C reads checksum pages without the GIL.
-if ! ldconfig -p 2>/dev/null | grep -q 'libxxhash.so.0'; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing libxxhash0 (optional: faster file-backend reads)"
-    (apt-get install -y -q libxxhash0 >/dev/null 2>&1) || (apt-get update -q >/dev/null && apt-get install -y -q libxxhash0 >/dev/null) \
-      || echo "setup: WARNING could not install libxxhash0; file-backend reads checksum in Python" >&2
-  else
-    echo "setup: NOTE libxxhash0 is missing; file-backend reads checksum in Python (apt-get install libxxhash0)" >&2
   fi
 fi
 

@@ -124,7 +124,7 @@ def test_corrupt_and_resized_pages(
 ) -> None:
     """A flipped byte is quarantined; a valid page of another size is a plain miss."""
     if c_checksums and not _native_io.checksums_in_c():
-        pytest.skip("libxxhash (libxxhash0) is not installed: reads checksum in Python")
+        pytest.skip("_fastio found no XXH3 in python-xxhash: reads checksum in Python")
     if not c_checksums:
         monkeypatch.setattr(_native_io, "checksums_in_c", lambda: False)
     kv = MLAKVPool(4, 4, 2, 16)
@@ -175,7 +175,7 @@ def test_c_checksums_equal_the_python_ones(tmp_path: Path) -> None:
     fastio = _native_io._fastio
     assert fastio is not None
     if not fastio.HAVE_XXH3:
-        pytest.skip("libxxhash (libxxhash0) is not installed: reads checksum in Python")
+        pytest.skip("_fastio found no XXH3 in python-xxhash: reads checksum in Python")
     gen = torch.Generator().manual_seed(7)
     items, parts_of = [], []
     for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17]]):
@@ -201,7 +201,7 @@ def test_c_write_checksums_equal_the_python_ones(tmp_path: Path) -> None:
     fastio = _native_io._fastio
     assert fastio is not None
     if not fastio.HAVE_XXH3:
-        pytest.skip("libxxhash (libxxhash0) is not installed: writes checksum in Python")
+        pytest.skip("_fastio found no XXH3 in python-xxhash: writes checksum in Python")
     gen = torch.Generator().manual_seed(11)
     items, parts_of = [], []
     for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17], [0]]):

@@ -2,13 +2,14 @@
 
 Python still decides everything: it builds each page's header (and its checksum when C does
 not), hands a range of pages to :func:`_fastio.publish_batch` / :func:`_fastio.read_batch`
-(which issue the syscalls with the GIL released, so ``io_threads`` ranges really overlap in the kernel), then verifies
-every read and accounts every result exactly like the pure-Python path in ``_backend``. When
-the system's libxxhash is available (``_fastio.HAVE_XXH3``), writes use
-:func:`_fastio.publish_batch_xxh3` and reads :func:`_fastio.read_batch_xxh3`, which also checksum
-each payload without the GIL (right before writing it, right after reading it); python-xxhash
-holds the GIL, so the I/O threads would otherwise checksum one after the other. Any
-read that does not verify is handed back to that path, which re-reads, classifies and
+(which issue the syscalls with the GIL released, so ``io_threads`` ranges really overlap in
+the kernel), then verifies every read and accounts every result exactly like the pure-Python
+path in ``_backend``. When the extension found XXH3 in python-xxhash's extension module
+(``_fastio.HAVE_XXH3``, checked against ``xxhash`` at import), writes use
+:func:`_fastio.publish_batch_xxh3` and reads :func:`_fastio.read_batch_xxh3`, which also
+checksum each payload without the GIL (right before writing it, right after reading it);
+python-xxhash holds the GIL, so the I/O threads would otherwise checksum one after the other.
+Any read that does not verify is handed back to that path, which re-reads, classifies and
 quarantines it, so corruption handling lives in one place.
 """
 
@@ -42,9 +43,25 @@ def available() -> bool:
     return _fastio is not None and bool(_fastio.HAVE_TMPFILE)
 
 
+def _c_xxh3_agrees() -> bool:
+    """The extension found python-xxhash's XXH3 and it gives ``_format``'s digests."""
+    if _fastio is None or not getattr(_fastio, "HAVE_XXH3", 0):
+        return False
+    probe = bytes(range(256)) * 9
+    return all(_fastio.xxh3_64(b) == fmt.xxh3_64(b) for b in (b"", probe[:7], probe[:240], probe))
+
+
+_C_SUMS = _c_xxh3_agrees()
+
+
 def checksums_in_c() -> bool:
-    """Writes and reads checksum their payloads in C, without the GIL (the system has libxxhash)."""
-    return _fastio is not None and bool(getattr(_fastio, "HAVE_XXH3", 0))
+    """Writes and reads checksum their payloads in C, without the GIL.
+
+    True when the extension is built and resolved XXH3 from python-xxhash's own extension module
+    (the implementation Python uses, with run-time SIMD dispatch), and it agrees with
+    ``xxhash.xxh3_64_intdigest`` on probe buffers at import.
+    """
+    return _C_SUMS
 
 
 def set_range(
