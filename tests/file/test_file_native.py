@@ -8,6 +8,7 @@ patches ``os`` functions and therefore pins ``native_io: False``.
 from __future__ import annotations
 
 import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,16 @@ def test_fastio_rejects_malformed_items(tmp_path: Path) -> None:
         fastio.publish_batch([(str(tmp_path), str(tmp_path / "p"), "not a list", True)])
     assert fastio.read_batch([]) == [] and fastio.publish_batch([]) == []
     assert fastio.read_batch([(str(tmp_path / "missing"), [bytearray(4)])]) == [-2]
+
+
+@needs_native
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="checked where CI runs")
+def test_c_checksums_are_active() -> None:
+    """A silent fall-back to Python checksums (GIL-bound, 10-25 % slower I/O) fails here."""
+    assert _native_io.checksums_in_c(), (
+        "hicache_file._fastio found no XXH3 in python-xxhash's extension module (were its "
+        "symbols hidden or renamed?); file I/O now checksums in Python under the GIL"
+    )
 
 
 @needs_native
