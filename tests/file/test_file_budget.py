@@ -8,12 +8,13 @@ from pathlib import Path
 
 import torch
 from file_helpers import config, files_under
+from hicache_file._format import header_size
 
 from hicache_core import IoOp, Store, open_store
 
 N = 1000
 KEYLEN = len("b.p.000")
-DISK = 24 + KEYLEN + N  # header + key + payload
+DISK = header_size(KEYLEN) + N  # header (fixed part, key, padding to 64) + payload
 
 
 def _keys(lo: int, hi: int) -> list[str]:

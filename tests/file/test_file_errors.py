@@ -66,6 +66,13 @@ def test_root_with_a_foreign_format(tmp_path: Path) -> None:
         open_store(config(tmp_path))
 
 
+def test_root_of_format_1_is_refused_with_the_fix(tmp_path: Path) -> None:
+    """A root written by hicache-file 0.1 (unpadded headers) is never read with the wrong offsets."""
+    (tmp_path / ".hicache-file.json").write_text('{"format": 1, "layout": "<namespace>/<key[-3:]>/<key>"}')
+    with pytest.raises(FileRootError, match=r"format 1 .*hicache-file 0\.1.*another directory, or delete"):
+        open_store(config(tmp_path))
+
+
 def test_options(tmp_path: Path) -> None:
     with pytest.raises(OptionsError, match="max_byte"):
         open_store(config(tmp_path, options={"max_byte": 10}))

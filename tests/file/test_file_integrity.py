@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 from file_helpers import config, fill, pages, zero
+from hicache_file._format import header_size
 
 from hicache_core import CacheController, IoOp, MHAKVPool, open_store, page_hashes
 
 KEY = "ns-x.kv.k.tp0of1.00aa11bb22cc"
 OTHER = "ns-x.kv.k.tp0of1.99ff88ee77dd"
 N = 4096
+assert header_size(len(KEY)) > 24 + len(KEY), "KEY must leave padding before the payload"
 
 
 def _flip(offset: int) -> Callable[[str], None]:
@@ -54,6 +56,7 @@ DAMAGE = {
     "magic": _flip(0),
     "version": _flip(4),
     "key bit flip": _flip(30),
+    "padding byte": _flip(header_size(len(KEY)) - 1),  # the zeros between key and payload
     "truncated payload": _truncate,
     "truncated header": _truncate_header,
     "empty file": _empty,

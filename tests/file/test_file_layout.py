@@ -41,6 +41,28 @@ def test_sharded_tree(tmp_path: Path) -> None:
     assert not temp_files(tmp_path)
 
 
+def test_payload_starts_on_a_64_byte_boundary(tmp_path: Path) -> None:
+    """Format 2: header + key + zero padding, so the kernel copies the payload cache-line aligned."""
+    from hicache_file import _format as fmt
+
+    assert fmt.FORMAT_VERSION == 2
+    for klen in (0, 1, 39, 40, 41, 103, 104, 105, 1000):
+        size = fmt.header_size(klen)
+        assert size % 64 == 0 and 24 + klen <= size < 24 + klen + 64
+    kv = MHAKVPool(4, 2, 2, 1, 8)
+    fill(kv, 1)
+    hashes = page_hashes(list(range(8)), 2)
+    with CacheController(config(tmp_path), kv) as ctl:
+        assert ctl.backup(hashes, range(4)).ok
+        for ks in ctl.store.page_keys("kv", hashes):
+            for key, view in zip(ks, [b[0] for b in kv.buffers()]):
+                raw = Path(ctl.store.backend.path_of(key)).read_bytes()
+                start = fmt.header_size(len(key))
+                assert raw[4] == 2 and raw[24 : 24 + len(key)] == key.encode()
+                assert raw[24 + len(key) : start] == bytes(start - 24 - len(key))
+                assert len(raw) == start + view.numel() * view.element_size()
+
+
 def test_io_never_scans_directories(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     kv = MHAKVPool(16, 2, 2, 1, 8)
     fill(kv, 2)

@@ -14,4 +14,4 @@ from ._options import FileOptions, default_root
 from ._stats import FileStats
 
 __all__ = ["FORMAT_VERSION", "FileBackend", "FileOptions", "FileRootError", "FileStats", "default_root"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

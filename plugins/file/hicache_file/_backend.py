@@ -417,13 +417,17 @@ class FileBackend:
         hits = misses = nbytes = 0
         checksum, xxh3 = fmt.checksum, fmt.xxh3_64
         prefixes: dict[tuple[int, int], bytes] = {}
+        pads: dict[int, bytes] = {}  # key length -> the zero padding after the key
         spare = bytearray(1)  # a byte read into it means trailing garbage
         track = self.index is not None
         for j in range(lo, hi):
             key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
             kb = key.encode("ascii")
             klen = len(kb)
-            hsize = _FH + klen
+            pad = pads.get(klen)
+            if pad is None:
+                pad = pads[klen] = bytes(fmt.header_size(klen) - _FH - klen)
+            hsize = _FH + klen + len(pad)
             prefix = prefixes.get((klen, size))
             if prefix is None:
                 prefix = prefixes[klen, size] = fmt.expected_prefix(klen, size)
@@ -445,7 +449,7 @@ class FileBackend:
                 if (
                     nread == hsize + size
                     and hdr[:16] == prefix
-                    and hdr[_FH:] == kb
+                    and hdr[_FH:] == kb + pad
                     and int.from_bytes(hdr[16:24], "little")
                     == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
                 ):
@@ -519,7 +523,7 @@ class FileBackend:
         for j in range(lo, hi):
             key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
             kb = key.encode("ascii")
-            disk = _FH + len(kb) + size
+            disk = fmt.header_size(len(kb)) + size
             # Skip present keys; a key this thread's last exists() found absent needs no second
             # look (if another process wrote it since, publish() keeps that copy or replaces
             # it with identical bytes: both fine).

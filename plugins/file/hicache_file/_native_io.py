@@ -35,6 +35,7 @@ except ImportError:  # not built (no compiler at install time): the pure-Python 
 __all__ = ["available", "checksums_in_c", "get_range", "set_range"]
 
 _FH = fmt.FIXED_HEADER
+header_size = fmt.header_size
 _ENOENT = -errno.ENOENT
 
 
@@ -93,7 +94,7 @@ def set_range(
     for j in range(lo, hi):
         key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
         kb = key.encode("ascii")
-        disk = _FH + len(kb) + size
+        disk = header_size(len(kb)) + size
         if max_bytes is not None and disk > max_bytes:
             tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={max_bytes}"), path)
             continue
@@ -161,7 +162,7 @@ def get_range(
     items: list[tuple[str, list[Any]]] = []
     for j in range(lo, hi):
         kb = keys[j].encode("ascii")
-        hdr = bytearray(_FH + len(kb))
+        hdr = bytearray(header_size(len(kb)))
         headers.append(hdr)
         kbs.append(kb)
         items.append((paths[j], [hdr, *iovs[j], spare]))
@@ -174,6 +175,7 @@ def get_range(
         codes = _fastio.read_batch(items)
     checksum, xxh3 = fmt.checksum, fmt.xxh3_64
     prefixes: dict[tuple[int, int], bytes] = {}
+    pads: dict[int, bytes] = {}  # key length -> the zero padding after the key
     out: list[bool] = []
     hits = misses = nbytes = 0
     for i, code in enumerate(codes):
@@ -191,10 +193,13 @@ def get_range(
         prefix = prefixes.get((klen, size))
         if prefix is None:
             prefix = prefixes[klen, size] = fmt.expected_prefix(klen, size)
+        pad = pads.get(klen)
+        if pad is None:
+            pad = pads[klen] = bytes(len(hdr) - _FH - klen)
         if (
-            code == _FH + klen + size
+            code == len(hdr) + size
             and hdr[:16] == prefix
-            and hdr[_FH:] == kb
+            and hdr[_FH:] == kb + pad
             and int.from_bytes(hdr[16:24], "little")
             == (sums[i] if sums is not None else xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
         ):
@@ -204,7 +209,7 @@ def get_range(
             hits += 1
             nbytes += size
             if track:
-                tally.touched.append((keys[j], _FH + klen + size))
+                tally.touched.append((keys[j], len(hdr) + size))
             out.append(True)
             continue
         # not a valid page of this size: classify it the careful way

@@ -219,5 +219,12 @@ def _check_marker(root: str) -> None:
     if version != fmt.FORMAT_VERSION:
         raise FileRootError(
             f"file backend root {root!r} holds pages in format {version!r}, but this "
-            f"hicache-file writes format {fmt.FORMAT_VERSION}; use another root or delete it"
+            f"hicache-file reads and writes format {fmt.FORMAT_VERSION} only"
+            + (
+                " (format 1 came from hicache-file 0.1, before payloads were 64-byte aligned)"
+                if version == 1
+                else ""
+            )
+            + "; point options.root at another directory, or delete this one (its pages are a "
+            "cache: the engine recomputes what is missing)"
         )
