@@ -11,6 +11,11 @@ in temp directories on the same filesystem, interleaved round by round:
 * warm: new pages in the same root, steady state: the shard directories exist, as in a cache
   that has been running (the raw loop writes into its existing flat directory).
 
+A finished round's files are truncated, not unlinked, until the run ends (``_release``): on an
+ext4 without a journal (this machine's), unlinking thousands of files per round made every
+file creation in the next minute scan past the freed inodes, a cost that landed on whichever
+contender ran next.
+
 ratio = hicache throughput / raw throughput (bytes moved / (write time + read time)) as a
 paired estimate: the median over rounds of raw time / hicache time within the round (both ran
 back to back, in alternating order, so load drifts of the shared machine hit both alike; the
