@@ -243,3 +243,16 @@ def test_c_write_checksums_equal_the_python_ones(tmp_path: Path) -> None:
     with pytest.raises(ValueError):  # no payload buffer
         fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "t"), [bytearray(24)], True)])
     assert not any((tmp_path / n).exists() for n in ("r", "s", "t"))
+
+
+@needs_native
+def test_publish_creates_a_missing_namespace_and_shard(tmp_path: Path) -> None:
+    """The first page of a namespace needs no Python retry: C creates both directory levels."""
+    fastio = _native_io._fastio
+    assert fastio is not None
+    shard = tmp_path / "ns" / "abc"
+    assert fastio.publish_batch([(f"{shard}/", f"{shard}/k-abc", [b"payload"], True)]) == [0]
+    assert (shard / "k-abc").read_bytes() == b"payload"
+    deeper = tmp_path / "a" / "b" / "c"  # two missing parents: Python's job (-ENOENT)
+    assert fastio.publish_batch([(f"{deeper}/", f"{deeper}/k", [b"x"], True)]) == [-2]
+    assert not (tmp_path / "a" / "b").exists()

@@ -12,7 +12,7 @@
  *   publish_batch(items) -> list[int]
  *       items: sequence of (shard_dir: str, path: str, buffers: sequence, check_exists: bool).
  *       Per item: if check_exists and path exists -> 1. Else open an unnamed O_TMPFILE inode in
- *       shard_dir (creating shard_dir when only its last component is missing), write all
+ *       shard_dir (creating shard_dir, and its parent, when they are missing), write all
  *       buffers (gathered), link it to path (linkat with AT_EMPTY_PATH when the process may,
  *       else through /proc/self/fd) and close it. Result 0 = published,
  *       1 = already present (skipped, or EEXIST from the link: another writer won and its page
@@ -268,15 +268,24 @@ static long publish_one(Item *it, struct iovec *iov) {
 #ifdef O_TMPFILE
     int fd = open_tmpfile(it->dir);
     if (fd == -ENOENT) {
-        /* A new shard directory: create it here (its parent, the namespace directory, usually
-         * exists; if not, -ENOENT goes back to Python, which creates the whole path). A racing
-         * writer creating it too is fine (EEXIST). */
+        /* A new shard directory: create it here, and its parent (the namespace directory) on a
+         * namespace's first page; the root always exists. Anything else still missing goes back
+         * to Python as -ENOENT, which creates the whole path. A racing writer creating either
+         * too is fine (EEXIST). */
         size_t len = strlen(it->dir);
         char shard[PATH_MAX];
         if (len > 0 && len < sizeof(shard)) {
             memcpy(shard, it->dir, len + 1);
             if (shard[len - 1] == '/') shard[len - 1] = '\0';
-            if (mkdir(shard, 0777) == 0 || errno == EEXIST) fd = open_tmpfile(it->dir);
+            int made = mkdir(shard, 0777) == 0 || errno == EEXIST;
+            char *slash = made ? NULL : strrchr(shard, '/');
+            if (!made && errno == ENOENT && slash != NULL && slash != shard) {
+                *slash = '\0';
+                int parent = mkdir(shard, 0777) == 0 || errno == EEXIST;
+                *slash = '/';
+                made = parent && (mkdir(shard, 0777) == 0 || errno == EEXIST);
+            }
+            if (made) fd = open_tmpfile(it->dir);
         }
     }
     if (fd < 0) return fd;
