@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -179,29 +180,56 @@ def test_c_checksums_are_active() -> None:
 
 
 @needs_native
-def test_c_checksums_equal_the_python_ones(tmp_path: Path) -> None:
-    """``read_batch_xxh3`` digests each payload (between header and probe) as ``_format.checksum``."""
+def test_c_read_verification_matches_the_format(tmp_path: Path) -> None:
+    """``read_verify_batch`` accepts exactly the pages ``_format`` writes, whatever the payload
+    split, and hands every kind of damage back to Python (code 1) without touching the rest."""
     from hicache_file import _format as fmt
 
     fastio = _native_io._fastio
     assert fastio is not None
     if not fastio.HAVE_XXH3:
-        pytest.skip("_fastio found no XXH3 in python-xxhash: reads checksum in Python")
+        pytest.skip("_fastio found no XXH3 in python-xxhash: reads verify in Python")
     gen = torch.Generator().manual_seed(7)
-    items, parts_of = [], []
-    for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17]]):
-        data = torch.randint(0, 256, (24 + sum(sizes),), dtype=torch.uint8, generator=gen).numpy().tobytes()
-        path = tmp_path / f"p{i}"
-        path.write_bytes(data)
+
+    def page(name: str, sizes: list[int], damage: Callable[[bytearray], None] | None = None) -> tuple:
+        payload = torch.randint(0, 256, (sum(sizes),), dtype=torch.uint8, generator=gen).numpy().tobytes()
+        key = name.encode()
+        data = bytearray(fmt.encode_header(key, len(payload), fmt.checksum([payload])) + payload)
+        if damage is not None:
+            damage(data)
+        (tmp_path / name).write_bytes(data)
         parts = [bytearray(n) for n in sizes]
-        parts_of.append(parts)
-        items.append((str(path), [bytearray(24), *parts, bytearray(1)]))
-    items.append((str(tmp_path / "missing"), [bytearray(24), bytearray(8), bytearray(1)]))
-    codes, sums = fastio.read_batch_xxh3(items)
-    assert codes[:-1] == [24 + sum(len(p) for p in parts) for parts in parts_of] and codes[-1] == -2
-    assert sums[:-1] == [fmt.checksum(parts) for parts in parts_of] and sums[-1] == 0
-    with pytest.raises(ValueError):
-        fastio.read_batch_xxh3([(str(tmp_path / "p0"), [bytearray(24), bytearray(1)])])
+        return (str(tmp_path / name), fmt.encode_header(key, len(payload), 0), parts), payload
+
+    def flip(at: int) -> Callable[[bytearray], None]:
+        def f(b: bytearray) -> None:
+            b[at] ^= 1
+
+        return f
+
+    good = [
+        page(f"g{i}", sizes) for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17]])
+    ]
+    assert fastio.read_verify_batch([item for item, _ in good]) == [0] * len(good)
+    for (_, _, parts), payload in good:
+        assert b"".join(parts) == payload
+    hsize = fmt.header_size(2)
+    bad = [
+        page("b0", [64], flip(-1)),  # payload
+        page("b1", [64], flip(16)),  # stored checksum
+        page("b2", [64], flip(0)),  # magic
+        page("b3", [64], flip(24)),  # key
+        page("b4", [64], flip(hsize - 1)),  # padding
+        page("b5", [64], lambda b: b.append(0)),  # trailing data
+        page("b6", [64], lambda b: b.pop()),  # truncated
+    ]
+    missing = (str(tmp_path / "nope"), fmt.encode_header(b"nope", 8, 0), [bytearray(8)])
+    assert fastio.read_verify_batch([item for item, _ in bad] + [missing]) == [1] * len(bad) + [-2]
+    assert fastio.read_verify_batch([]) == []
+    with pytest.raises(ValueError):  # an expected header shorter than the fixed part
+        fastio.read_verify_batch([(str(tmp_path / "g0"), b"short", [bytearray(1)])])
+    with pytest.raises(BufferError):  # the payload buffers are written into
+        fastio.read_verify_batch([(str(tmp_path / "g0"), good[0][0][1], [b"x"])])
 
 
 @needs_native

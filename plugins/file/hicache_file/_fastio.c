@@ -33,17 +33,21 @@
  *       without a second readv per page just to see EOF.
  *       Result: bytes read (>= 0) or -errno (-ENOENT for a missing page).
  *
- *   read_batch_xxh3(items) -> tuple[list[int], list[int]]
- *       read_batch, plus per item the XXH3-64 (seed 0) of its payload buffers (every buffer but
- *       the first, the header, and the last, the probe) as filled, computed with the GIL still
- *       released; 0 for an item whose read failed. Available when HAVE_XXH3 is 1: XXH3 is
- *       taken at import from python-xxhash's extension module (see load_xxh3). Without it
- *       Python checksums the pages (python-xxhash holds the GIL, so two I/O threads then verify
- *       one after the other).
+ *   read_verify_batch(items) -> list[int]
+ *       items: sequence of (path: str, expected_header: bytes, payload: sequence of writable
+ *       buffers). Per item: open, readv into [header scratch, *payload, probe byte], close, then
+ *       check the page: exactly len(expected_header) + len(payload) bytes, header bytes 0..15
+ *       and 24.. equal to the expected header's (its bytes 16..23, the checksum slot, are
+ *       ignored), and the XXH3-64 of the payload equal to the stored checksum (bytes 16..23,
+ *       little-endian). Result: 0 = a valid page, 1 = present but not a valid page of this
+ *       size (the caller classifies it: another size, or corruption), -errno = failed (-ENOENT
+ *       for a missing page). The format itself stays in Python (_format), which builds the
+ *       expected headers. Available when HAVE_XXH3 is 1.
  *
  *   xxh3_64(buffer) -> int
- *       That XXH3-64 of one buffer (GIL held): what the Python side checks against
- *       xxhash.xxh3_64_intdigest before it trusts the *_xxh3 functions.
+ *       The XXH3-64 (seed 0) of one buffer (GIL held), by the implementation that
+ *       publish_batch_xxh3 and read_verify_batch use: the Python side checks it against
+ *       xxhash.xxh3_64_intdigest before it uses them.
  *
  * All raise ValueError for a malformed item, TypeError for a non-buffer and BufferError for a
  * read-only buffer given to read_batch; they never raise for an I/O failure (that is a per-item
@@ -88,15 +92,20 @@ typedef struct {
     Py_ssize_t nviews; /* views acquired so far (released on cleanup) */
     PyObject **refs;   /* strong references to the path strings used without the GIL */
     Py_ssize_t nrefs;
+    Py_buffer *expect; /* read_verify_batch: each item's expected header */
+    Py_ssize_t nexpect;
 } Batch;
 
 static void batch_free(Batch *b) {
-    for (Py_ssize_t i = 0; i < b->nviews; i++) PyBuffer_Release(&b->views[i]);
+    for (Py_ssize_t i = 0; i < b->nviews; i++)
+        if (b->views[i].obj != NULL) PyBuffer_Release(&b->views[i]); /* verify's empty slots */
+    for (Py_ssize_t i = 0; i < b->nexpect; i++) PyBuffer_Release(&b->expect[i]);
     for (Py_ssize_t i = 0; i < b->nrefs; i++) Py_DECREF(b->refs[i]);
     PyMem_Free(b->items);
     PyMem_Free(b->views);
     PyMem_Free(b->iov);
     PyMem_Free(b->refs);
+    PyMem_Free(b->expect);
     memset(b, 0, sizeof(*b));
 }
 
@@ -112,16 +121,29 @@ static const char *keep_str(Batch *b, PyObject *s, const char *what) {
     return out;
 }
 
-/* Parse `items` into `b`. `publish` selects the tuple shape; with `publish` and
- * `writable_header`, each item's first buffer must be writable. Returns 0, or -1 with an
- * exception. */
-static int batch_parse(Batch *b, PyObject *items, int publish, int writable_header) {
+/* The item shapes batch_parse accepts. */
+typedef enum {
+    SHAPE_READ,         /* (path, writable buffers) */
+    SHAPE_PUBLISH,      /* (shard_dir, path, buffers, check_exists) */
+    SHAPE_PUBLISH_SUMS, /* the same, the first buffer (the header) writable */
+    SHAPE_VERIFY,       /* (path, expected header, writable payload buffers) */
+} Shape;
+
+/* Parse `items` into `b`. For SHAPE_VERIFY each item gets two extra slots around its payload
+ * buffers, filled at read time: slot `first` for the header and the last for the probe byte;
+ * `count` includes them, and the expected header's view is kept in `b->expect[i]`. Returns 0,
+ * or -1 with an exception. */
+static int batch_parse(Batch *b, PyObject *items, Shape shape) {
     memset(b, 0, sizeof(*b));
     PyObject *seq = PySequence_Fast(items, "items must be a sequence");
     if (seq == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **elems = PySequence_Fast_ITEMS(seq);
-    Py_ssize_t arity = publish ? 4 : 2;
+    int publish = shape == SHAPE_PUBLISH || shape == SHAPE_PUBLISH_SUMS;
+    int verify = shape == SHAPE_VERIFY;
+    Py_ssize_t arity = publish ? 4 : verify ? 3 : 2;
+    Py_ssize_t at_bufs = publish || verify ? 2 : 1;
+    Py_ssize_t extra = verify ? 2 : 0;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = elems[i];
@@ -129,23 +151,24 @@ static int batch_parse(Batch *b, PyObject *items, int publish, int writable_head
             PyErr_Format(PyExc_ValueError, "item %zd must be a tuple of %zd fields", i, arity);
             goto fail;
         }
-        PyObject *bufs = PyTuple_GET_ITEM(it, publish ? 2 : 1);
+        PyObject *bufs = PyTuple_GET_ITEM(it, at_bufs);
         if (!PyList_Check(bufs) && !PyTuple_Check(bufs)) {
             PyErr_Format(PyExc_TypeError, "item %zd: buffers must be a list or tuple", i);
             goto fail;
         }
         Py_ssize_t k = PySequence_Fast_GET_SIZE(bufs);
-        if (k < 1 || k > IOV_MAX) {
-            PyErr_Format(PyExc_ValueError, "item %zd: %zd buffers (1..%d allowed)", i, k, IOV_MAX);
+        if (k < 1 || k + extra > IOV_MAX) {
+            PyErr_Format(PyExc_ValueError, "item %zd: %zd buffers (1..%zd allowed)", i, k, IOV_MAX - extra);
             goto fail;
         }
-        total += k;
+        total += k + extra;
     }
     b->items = PyMem_Calloc(n ? n : 1, sizeof(Item));
     b->views = PyMem_Calloc(total ? total : 1, sizeof(Py_buffer));
     b->iov = PyMem_Calloc(total ? total : 1, sizeof(struct iovec));
     b->refs = PyMem_Calloc(2 * n + 1, sizeof(PyObject *));
-    if (!b->items || !b->views || !b->iov || !b->refs) {
+    b->expect = verify ? PyMem_Calloc(n ? n : 1, sizeof(Py_buffer)) : NULL;
+    if (!b->items || !b->views || !b->iov || !b->refs || (verify && !b->expect)) {
         PyErr_NoMemory();
         goto fail;
     }
@@ -167,19 +190,30 @@ static int batch_parse(Batch *b, PyObject *items, int publish, int writable_head
             item->path = keep_str(b, PyTuple_GET_ITEM(it, 0), "path");
             if (item->path == NULL) goto fail;
         }
-        PyObject *bufs = PyTuple_GET_ITEM(it, publish ? 2 : 1);
+        if (verify) {
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &b->expect[i], PyBUF_SIMPLE) < 0) goto fail;
+            b->nexpect++;
+            if (b->expect[i].len < 24) {
+                PyErr_Format(PyExc_ValueError, "item %zd: the expected header has %zd bytes (at least 24)", i,
+                             b->expect[i].len);
+                goto fail;
+            }
+        }
+        PyObject *bufs = PyTuple_GET_ITEM(it, at_bufs);
         Py_ssize_t k = PySequence_Fast_GET_SIZE(bufs);
         PyObject **bv = PySequence_Fast_ITEMS(bufs);
         item->first = at;
-        item->count = k;
+        item->count = k + extra;
+        if (verify) b->nviews = ++at; /* the header slot: no view, filled at read time */
         for (Py_ssize_t j = 0; j < k; j++) {
-            int f = (j == 0 && writable_header) ? PyBUF_WRITABLE : flags;
+            int f = (j == 0 && shape == SHAPE_PUBLISH_SUMS) ? PyBUF_WRITABLE : flags;
             if (PyObject_GetBuffer(bv[j], &b->views[at], f | PyBUF_C_CONTIGUOUS) < 0) goto fail;
-            b->nviews++;
+            b->nviews = at + 1;
             b->iov[at].iov_base = b->views[at].buf;
             b->iov[at].iov_len = (size_t)b->views[at].len;
             at++;
         }
+        if (verify) b->nviews = ++at; /* the probe slot */
     }
     Py_DECREF(seq);
     return 0;
@@ -444,7 +478,7 @@ static PyObject *publish_common(PyObject *items, int with_sums) {
     return NULL;
 #else
     Batch b;
-    if (batch_parse(&b, items, 1, with_sums) < 0) return NULL;
+    if (batch_parse(&b, items, with_sums ? SHAPE_PUBLISH_SUMS : SHAPE_PUBLISH) < 0) return NULL;
     void *state = NULL;
     if (with_sums) {
         for (Py_ssize_t i = 0; i < b.nitems; i++) {
@@ -487,63 +521,68 @@ static PyObject *publish_batch_xxh3(PyObject *self, PyObject *args) {
     return publish_common(items, 1);
 }
 
-/* Read every item of `b` with the GIL released; with `sums`, also digest each payload read. */
-static void run_reads(Batch *b, uint64_t *sums, void *state) {
+/* Read every item of `b` with the GIL released. */
+static void run_reads(Batch *b) {
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < b->nitems; i++) b->items[i].result = read_one(&b->items[i], &b->iov[b->items[i].first]);
+    Py_END_ALLOW_THREADS
+}
+
+/* Read and verify every item of a SHAPE_VERIFY batch with the GIL released. `scratch` holds
+ * the longest expected header; `probe` is one spare byte. */
+static void run_verifies(Batch *b, void *state, unsigned char *scratch, unsigned char *probe) {
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < b->nitems; i++) {
         Item *it = &b->items[i];
-        it->result = read_one(it, &b->iov[it->first]);
-        if (sums != NULL && it->result >= 0) sums[i] = payload_xxh3(b, it, state, 1);
+        struct iovec *iov = &b->iov[it->first];
+        const unsigned char *want = (const unsigned char *)b->expect[i].buf;
+        size_t hsize = (size_t)b->expect[i].len, payload = 0;
+        for (Py_ssize_t j = it->first + 1; j < it->first + it->count - 1; j++) payload += (size_t)b->views[j].len;
+        iov[0].iov_base = scratch;
+        iov[0].iov_len = hsize;
+        iov[it->count - 1].iov_base = probe;
+        iov[it->count - 1].iov_len = 1;
+        long n = read_one(it, iov);
+        if (n < 0) {
+            it->result = n;
+        } else if ((size_t)n != hsize + payload || memcmp(scratch, want, 16) != 0 ||
+                   memcmp(scratch + 24, want + 24, hsize - 24) != 0) {
+            it->result = 1;
+        } else {
+            uint64_t stored = 0;
+            for (int k = 7; k >= 0; k--) stored = (stored << 8) | scratch[16 + k];
+            it->result = payload_xxh3(b, it, state, 1) == stored ? 0 : 1;
+        }
     }
     Py_END_ALLOW_THREADS
 }
 
-static PyObject *read_batch_xxh3(PyObject *self, PyObject *args) {
+static PyObject *read_verify_batch(PyObject *self, PyObject *args) {
     PyObject *items;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O:read_batch_xxh3", &items)) return NULL;
+    if (!PyArg_ParseTuple(args, "O:read_verify_batch", &items)) return NULL;
     if (xxh3.oneshot == NULL) {
         PyErr_SetString(PyExc_NotImplementedError, "no XXH3 implementation was found (HAVE_XXH3 is 0)");
         return NULL;
     }
     Batch b;
-    if (batch_parse(&b, items, 0, 0) < 0) return NULL;
-    for (Py_ssize_t i = 0; i < b.nitems; i++) {
-        if (b.items[i].count < 3) {
-            batch_free(&b);
-            PyErr_Format(PyExc_ValueError, "item %zd: read_batch_xxh3 needs a header, a payload and a probe", i);
-            return NULL;
-        }
-    }
-    uint64_t *sums = PyMem_Calloc(b.nitems ? (size_t)b.nitems : 1, sizeof(uint64_t));
+    if (batch_parse(&b, items, SHAPE_VERIFY) < 0) return NULL;
+    Py_ssize_t cap = 24;
+    for (Py_ssize_t i = 0; i < b.nitems; i++)
+        if (b.expect[i].len > cap) cap = b.expect[i].len;
+    unsigned char *scratch = PyMem_Malloc((size_t)cap + 1);
     void *state = xxh3.create();
-    if (sums == NULL || state == NULL) {
-        PyMem_Free(sums);
+    if (scratch == NULL || state == NULL) {
+        PyMem_Free(scratch);
         if (state != NULL) xxh3.release(state);
         batch_free(&b);
         return PyErr_NoMemory();
     }
-    run_reads(&b, sums, state);
+    run_verifies(&b, state, scratch, scratch + cap);
     xxh3.release(state);
-    PyObject *codes = batch_results(&b);
-    PyObject *digests = codes ? PyList_New(b.nitems) : NULL;
-    for (Py_ssize_t i = 0; digests != NULL && i < b.nitems; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)sums[i]);
-        if (v == NULL) {
-            Py_CLEAR(digests);
-            break;
-        }
-        PyList_SET_ITEM(digests, i, v);
-    }
-    PyMem_Free(sums);
+    PyMem_Free(scratch);
+    PyObject *out = batch_results(&b);
     batch_free(&b);
-    if (digests == NULL) {
-        Py_XDECREF(codes);
-        return NULL;
-    }
-    PyObject *out = PyTuple_Pack(2, codes, digests);
-    Py_DECREF(codes);
-    Py_DECREF(digests);
     return out;
 }
 
@@ -552,8 +591,8 @@ static PyObject *read_batch(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "O:read_batch", &items)) return NULL;
     Batch b;
-    if (batch_parse(&b, items, 0, 0) < 0) return NULL;
-    run_reads(&b, NULL, NULL);
+    if (batch_parse(&b, items, SHAPE_READ) < 0) return NULL;
+    run_reads(&b);
     PyObject *out = batch_results(&b);
     batch_free(&b);
     return out;
@@ -568,13 +607,14 @@ static PyMethodDef methods[] = {
      "publish_batch_xxh3(items) -> list[int]: publish_batch that first stores the XXH3-64 of each\n"
      "item's payload (every buffer after the first) in its writable header, bytes 16..23."},
     {"xxh3_64", xxh3_64, METH_VARARGS,
-     "xxh3_64(buffer) -> int: the XXH3-64 (seed 0) used by the *_xxh3 functions (GIL held)."},
+     "xxh3_64(buffer) -> int: the XXH3-64 (seed 0) publish_batch_xxh3 and read_verify_batch use (GIL held)."},
+    {"read_verify_batch", read_verify_batch, METH_VARARGS,
+     "read_verify_batch(items) -> list[int]: read each page and check it against its expected\n"
+     "header, GIL released. items: (path, expected header, payload buffers). Per item: 0 valid,\n"
+     "1 present but not a valid page of this size, -errno failed (-ENOENT: missing)."},
     {"read_batch", read_batch, METH_VARARGS,
      "read_batch(items) -> list[int]: open + readv + close of a batch, GIL released.\n"
      "items: (path, writable buffers) tuples. Per item: bytes read, or -errno."},
-    {"read_batch_xxh3", read_batch_xxh3, METH_VARARGS,
-     "read_batch_xxh3(items) -> (codes, digests): read_batch plus the XXH3-64 of each item's\n"
-     "payload (buffers between the first and the last), computed with the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -33,7 +33,7 @@ The payload starts on a 64-byte boundary because the kernel copies between the p
 a (page-aligned) pool page with ``rep movsb``, which is much slower when source and
 destination are not equally aligned within a cache line: reading 128 x 256 KiB pages took
 20-30 % longer with the payload at offset 140 (format 1, no padding) than at 0, 128, 192 or
-4096 (``read_batch_xxh3``, paired, 24 rounds; 10 % at 16 KiB). 64 bytes cost at most 63 bytes
+4096 (a C read that checksums each payload, paired, 24 rounds; 10 % at 16 KiB). 64 bytes cost at most 63 bytes
 per file; page alignment (4096) measured no faster and would cost up to 4 KiB.
 
 Files appear under their final name in one step (an ``O_TMPFILE`` inode linked to it, or a

@@ -1,16 +1,18 @@
 """The batched I/O path over the ``_fastio`` C extension (used when it is built).
 
-Python still decides everything: it builds each page's header (and its checksum when C does
-not), hands a range of pages to :func:`_fastio.publish_batch` / :func:`_fastio.read_batch`
-(which issue the syscalls with the GIL released, so ``io_threads`` ranges really overlap in
-the kernel), then verifies every read and accounts every result exactly like the pure-Python
-path in ``_backend``. When the extension found XXH3 in python-xxhash's extension module
-(``_fastio.HAVE_XXH3``, checked against ``xxhash`` at import), writes use
-:func:`_fastio.publish_batch_xxh3` and reads :func:`_fastio.read_batch_xxh3`, which also
-checksum each payload without the GIL (right before writing it, right after reading it);
-python-xxhash holds the GIL, so the I/O threads would otherwise checksum one after the other.
-Any read that does not verify is handed back to that path, which re-reads, classifies and
-quarantines it, so corruption handling lives in one place.
+Python decides everything: it builds each page's header and what a valid page's header must
+be (``_format`` is the only definition of the format), hands a range of pages to one
+``_fastio`` call, which issues the syscalls with the GIL released (so ``io_threads`` ranges
+really overlap in the kernel), and accounts every result exactly like the pure-Python path in
+``_backend``. When the extension found XXH3 in python-xxhash's extension module
+(``_fastio.HAVE_XXH3``, checked against ``xxhash`` at import), :func:`_fastio.publish_batch_xxh3`
+also checksums each payload right before writing it, and :func:`_fastio.read_verify_batch`
+checks each page read against its expected header and checksum, all without the GIL:
+python-xxhash holds the GIL, so two I/O threads would checksum one after the other, and the
+per-page verification loop in Python cost ~3 us per page. Without it, ``publish_batch`` and
+``read_batch`` move the bytes and Python checksums and verifies. Any read that does not verify
+is handed back to the pure-Python path, which re-reads, classifies and quarantines it, so
+corruption handling lives in one place.
 """
 
 from __future__ import annotations
@@ -156,70 +158,78 @@ def get_range(
     corruption, and quarantines the latter.
     """
     tally = _Tally()
-    spare = bytearray(1)  # a byte read into it means trailing data
-    headers: list[bytearray] = []
-    kbs: list[bytes] = []
-    items: list[tuple[str, list[Any]]] = []
+    expected: list[bytes] = []
+    fixed: dict[tuple[int, int], bytes] = {}  # (key length, size) -> the first 24 header bytes
+    pads: dict[int, bytes] = {}  # key length -> the zero padding after the key
     for j in range(lo, hi):
         kb = keys[j].encode("ascii")
-        hdr = bytearray(header_size(len(kb)))
-        headers.append(hdr)
-        kbs.append(kb)
-        items.append((paths[j], [hdr, *iovs[j], spare]))
-    sums: list[int] | None = None
-    if not items:
-        codes: list[int] = []
-    elif checksums_in_c():
-        codes, sums = _fastio.read_batch_xxh3(items)
+        klen, size = len(kb), sizes[j]
+        head = fixed.get((klen, size))
+        if head is None:
+            head = fixed[klen, size] = fmt.expected_prefix(klen, size) + bytes(8)
+            pads[klen] = bytes(header_size(klen) - _FH - klen)
+        expected.append(head + kb + pads[klen])
+    if checksums_in_c():
+        codes = (
+            _fastio.read_verify_batch([(paths[j], e, iovs[j]) for j, e in zip(range(lo, hi), expected)])
+            if expected
+            else []
+        )
     else:
-        codes = _fastio.read_batch(items)
-    checksum, xxh3 = fmt.checksum, fmt.xxh3_64
-    prefixes: dict[tuple[int, int], bytes] = {}
-    pads: dict[int, bytes] = {}  # key length -> the zero padding after the key
+        codes = _verify_in_python(paths, iovs, sizes, expected, lo, hi)
     out: list[bool] = []
     hits = misses = nbytes = 0
     for i, code in enumerate(codes):
         j = lo + i
-        if code == _ENOENT:
-            misses += 1
-            out.append(False)
-            continue
-        if code < 0:
-            tally.error("read_errors", OSError(-code, os.strerror(-code)), paths[j])
-            out.append(False)
-            continue
-        hdr, kb, iov, size = headers[i], kbs[i], iovs[j], sizes[j]
-        klen = len(kb)
-        prefix = prefixes.get((klen, size))
-        if prefix is None:
-            prefix = prefixes[klen, size] = fmt.expected_prefix(klen, size)
-        pad = pads.get(klen)
-        if pad is None:
-            pad = pads[klen] = bytes(len(hdr) - _FH - klen)
-        if (
-            code == len(hdr) + size
-            and hdr[:16] == prefix
-            and hdr[_FH:] == kb + pad
-            and int.from_bytes(hdr[16:24], "little")
-            == (sums[i] if sums is not None else xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
-        ):
+        if code == 0:
             if posts is not None and posts[j] is not None:
                 dst, scratch = posts[j]  # type: ignore[misc]
                 dst.copy_(scratch.view(dst.shape))
             hits += 1
-            nbytes += size
+            nbytes += sizes[j]
             if track:
-                tally.touched.append((keys[j], len(hdr) + size))
+                tally.touched.append((keys[j], len(expected[i]) + sizes[j]))
             out.append(True)
-            continue
-        # not a valid page of this size: classify it the careful way
-        flags, sub = slow(keys, paths, iovs, sizes, posts, j, j + 1)
-        out += flags
-        _merge(tally, sub)
+        elif code == _ENOENT:
+            misses += 1
+            out.append(False)
+        elif code < 0:
+            tally.error("read_errors", OSError(-code, os.strerror(-code)), paths[j])
+            out.append(False)
+        else:  # not a valid page of this size: classify it the careful way
+            flags, sub = slow(keys, paths, iovs, sizes, posts, j, j + 1)
+            out += flags
+            _merge(tally, sub)
     tally.add("hits", hits)
     tally.add("misses", misses)
     tally.add("bytes_read", nbytes)
     return out, tally
+
+
+def _verify_in_python(
+    paths: list[str], iovs: list[list[Any]], sizes: list[int], expected: list[bytes], lo: int, hi: int
+) -> list[int]:
+    """``read_verify_batch``'s result codes from ``read_batch`` plus checks in Python (no C XXH3)."""
+    spare = bytearray(1)  # a byte read into it means trailing data
+    headers = [bytearray(len(e)) for e in expected]
+    items = [(paths[j], [h, *iovs[j], spare]) for j, h in zip(range(lo, hi), headers)]
+    checksum, xxh3 = fmt.checksum, fmt.xxh3_64
+    codes: list[int] = []
+    for code, hdr, want, iov, size in zip(
+        _fastio.read_batch(items) if items else [], headers, expected, iovs[lo:hi], sizes[lo:hi]
+    ):
+        if code < 0:
+            codes.append(code)
+        elif (
+            code == len(hdr) + size
+            and hdr[:16] == want[:16]
+            and hdr[_FH:] == want[_FH:]
+            and int.from_bytes(hdr[16:24], "little") == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
+        ):
+            codes.append(0)
+        else:
+            codes.append(1)
+    return codes
 
 
 def _merge(into: _Tally, part: _Tally) -> None:
