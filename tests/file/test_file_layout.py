@@ -185,3 +185,12 @@ def test_clear_with_a_dotted_prefix(tmp_path: Path) -> None:
         assert ctl.store.backend.hicache_clear(namespace=f"{ns}.draft") == 4
         assert ctl.query(hashes).pages == 4  # target KV untouched
         assert len(files_under(tmp_path)) == 4
+
+
+def test_header_parts_assemble_the_header() -> None:
+    from hicache_file import _format as fmt
+
+    for key in (b"", b"k", b"ns.kv.k.tp0of1." + b"a" * 64, b"x" * 300):
+        for size in (0, 1, 16384, 1 << 33):
+            fixed, pad = fmt.header_parts(len(key), size)
+            assert fixed + key + pad == fmt.encode_header(key, size, 0)

@@ -44,6 +44,7 @@ torn page. Names starting with ``.tmp-`` are never pages; keys never start with 
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Sequence
 from typing import Any
@@ -61,6 +62,7 @@ __all__ = [
     "checksum",
     "encode_header",
     "expected_prefix",
+    "header_parts",
     "header_size",
     "header_tail",
     "relpath",
@@ -104,6 +106,18 @@ def header_size(key_len: int) -> int:
 def header_tail(key: bytes) -> bytes:
     """What a valid header holds after its fixed 24 bytes: the key, then zero padding."""
     return key + bytes(header_size(len(key)) - FIXED_HEADER - len(key))
+
+
+@functools.lru_cache(maxsize=256)
+def header_parts(key_len: int, payload_len: int) -> tuple[bytes, bytes]:
+    """``(fixed, pad)``: the fixed 24 header bytes with a zero checksum, and the zero padding.
+
+    ``fixed + key + pad`` is ``encode_header(key, payload_len, 0)``, without packing it again:
+    a batch repeats a few (key length, size) pairs thousands of times.
+    """
+    return _FIXED.pack(MAGIC, FORMAT_VERSION, ALGO_XXH3_64, key_len, payload_len, 0), bytes(
+        header_size(key_len) - FIXED_HEADER - key_len
+    )
 
 
 def encode_header(key: bytes, payload_len: int, digest: int) -> bytes:

@@ -37,7 +37,6 @@ except ImportError:  # not built (no compiler at install time): the pure-Python 
 __all__ = ["available", "checksums_in_c", "get_range", "set_range"]
 
 _FH = fmt.FIXED_HEADER
-header_size = fmt.header_size
 _ENOENT = -errno.ENOENT
 
 
@@ -87,7 +86,7 @@ def set_range(
     """
     tally = _Tally()
     out = [False] * (hi - lo)
-    header, xxh3, checksum = fmt.encode_header, fmt.xxh3_64, fmt.checksum
+    header, parts, xxh3, checksum = fmt.encode_header, fmt.header_parts, fmt.xxh3_64, fmt.checksum
     in_c = checksums_in_c()  # C stores each digest in its (writable) header just before the write
     publish = _fastio.publish_batch_xxh3 if in_c else _fastio.publish_batch
     items: list[tuple[str, str, list[Any], bool]] = []
@@ -96,12 +95,13 @@ def set_range(
     for j in range(lo, hi):
         key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
         kb = key.encode("ascii")
-        disk = header_size(len(kb)) + size
+        fixed, pad = parts(len(kb), size)
+        disk = len(fixed) + len(kb) + len(pad) + size
         if max_bytes is not None and disk > max_bytes:
             tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={max_bytes}"), path)
             continue
         if in_c:
-            head: bytes | bytearray = bytearray(header(kb, size, 0))
+            head: bytes | bytearray = bytearray(fixed + kb + pad)
         else:
             head = header(kb, size, xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
         items.append((path[: len(path) - len(key)], path, [head, *iov], key not in absent))
@@ -158,17 +158,12 @@ def get_range(
     corruption, and quarantines the latter.
     """
     tally = _Tally()
-    expected: list[bytes] = []
-    fixed: dict[tuple[int, int], bytes] = {}  # (key length, size) -> the first 24 header bytes
-    pads: dict[int, bytes] = {}  # key length -> the zero padding after the key
+    expected: list[bytes] = []  # each page's header with a zero checksum (C skips that field)
+    parts = fmt.header_parts
     for j in range(lo, hi):
         kb = keys[j].encode("ascii")
-        klen, size = len(kb), sizes[j]
-        head = fixed.get((klen, size))
-        if head is None:
-            head = fixed[klen, size] = fmt.expected_prefix(klen, size) + bytes(8)
-            pads[klen] = bytes(header_size(klen) - _FH - klen)
-        expected.append(head + kb + pads[klen])
+        fixed, pad = parts(len(kb), sizes[j])
+        expected.append(fixed + kb + pad)
     if checksums_in_c():
         codes = (
             _fastio.read_verify_batch([(paths[j], e, iovs[j]) for j, e in zip(range(lo, hi), expected)])
