@@ -426,15 +426,17 @@ static int load_xxh3(void) {
     return 1;
 }
 
+/* 0 when load_xxh3 found XXH3, else -1 with NotImplementedError set. */
+static int require_xxh3(void) {
+    if (xxh3.oneshot != NULL) return 0;
+    PyErr_SetString(PyExc_NotImplementedError, "no XXH3 implementation was found (HAVE_XXH3 is 0)");
+    return -1;
+}
+
 static PyObject *xxh3_64(PyObject *self, PyObject *args) {
     Py_buffer view;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*:xxh3_64", &view)) return NULL;
-    if (xxh3.oneshot == NULL) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_NotImplementedError, "no XXH3 implementation was found (HAVE_XXH3 is 0)");
-        return NULL;
-    }
+    if (require_xxh3() < 0 || !PyArg_ParseTuple(args, "y*:xxh3_64", &view)) return NULL;
     uint64_t sum = xxh3.oneshot(view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong((unsigned long long)sum);
@@ -514,10 +516,7 @@ static PyObject *publish_batch_xxh3(PyObject *self, PyObject *args) {
     PyObject *items;
     (void)self;
     if (!PyArg_ParseTuple(args, "O:publish_batch_xxh3", &items)) return NULL;
-    if (xxh3.oneshot == NULL) {
-        PyErr_SetString(PyExc_NotImplementedError, "no XXH3 implementation was found (HAVE_XXH3 is 0)");
-        return NULL;
-    }
+    if (require_xxh3() < 0) return NULL;
     return publish_common(items, 1);
 }
 
@@ -561,10 +560,7 @@ static PyObject *read_verify_batch(PyObject *self, PyObject *args) {
     PyObject *items;
     (void)self;
     if (!PyArg_ParseTuple(args, "O:read_verify_batch", &items)) return NULL;
-    if (xxh3.oneshot == NULL) {
-        PyErr_SetString(PyExc_NotImplementedError, "no XXH3 implementation was found (HAVE_XXH3 is 0)");
-        return NULL;
-    }
+    if (require_xxh3() < 0) return NULL;
     Batch b;
     if (batch_parse(&b, items, SHAPE_VERIFY) < 0) return NULL;
     Py_ssize_t cap = 24;
