@@ -416,21 +416,14 @@ class FileBackend:
         out: list[bool] = []
         hits = misses = nbytes = 0
         checksum, xxh3 = fmt.checksum, fmt.xxh3_64
-        prefixes: dict[tuple[int, int], bytes] = {}
-        pads: dict[int, bytes] = {}  # key length -> the zero padding after the key
+        parts = fmt.header_parts
         spare = bytearray(1)  # a byte read into it means trailing garbage
         track = self.index is not None
         for j in range(lo, hi):
             key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
             kb = key.encode("ascii")
-            klen = len(kb)
-            pad = pads.get(klen)
-            if pad is None:
-                pad = pads[klen] = bytes(fmt.header_size(klen) - _FH - klen)
-            hsize = _FH + klen + len(pad)
-            prefix = prefixes.get((klen, size))
-            if prefix is None:
-                prefix = prefixes[klen, size] = fmt.expected_prefix(klen, size)
+            fixed, pad = parts(len(kb), size)  # the valid header: fixed (checksum aside) + kb + pad
+            hsize = _FH + len(kb) + len(pad)
             try:
                 fd = os.open(path, _RFLAGS)
             except FileNotFoundError:
@@ -448,7 +441,7 @@ class FileBackend:
                 nread = os.readv(fd, [hdr, *iov, spare])
                 if (
                     nread == hsize + size
-                    and hdr[:16] == prefix
+                    and hdr[:16] == fixed[:16]
                     and hdr[_FH:] == kb + pad
                     and int.from_bytes(hdr[16:24], "little")
                     == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))

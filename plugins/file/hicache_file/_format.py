@@ -33,8 +33,9 @@ The payload starts on a 64-byte boundary because the kernel copies between the p
 a (page-aligned) pool page with ``rep movsb``, which is much slower when source and
 destination are not equally aligned within a cache line: reading 128 x 256 KiB pages took
 20-30 % longer with the payload at offset 140 (format 1, no padding) than at 0, 128, 192 or
-4096 (a C read that checksums each payload, paired, 24 rounds; 10 % at 16 KiB). 64 bytes cost at most 63 bytes
-per file; page alignment (4096) measured no faster and would cost up to 4 KiB.
+4096 (a C read that checksums each payload, paired, 24 rounds; 10 % longer at 16 KiB). The
+padding costs at most 63 bytes per file; page alignment (4096) measured no faster and would
+cost up to 4 KiB.
 
 Files appear under their final name in one step (an ``O_TMPFILE`` inode linked to it, or a
 ``.tmp-*`` file renamed over it; see :mod:`hicache_file._publish`), so a reader never sees a
@@ -61,7 +62,6 @@ __all__ = [
     "TEMP_PREFIX",
     "checksum",
     "encode_header",
-    "expected_prefix",
     "header_parts",
     "header_size",
     "header_tail",
@@ -79,7 +79,6 @@ MARKER_NAME = ".hicache-file.json"
 """A small JSON file at the root recording the format version (written once)."""
 
 _FIXED = struct.Struct("<4sBBHQQ")  # magic, version, algo, key length, payload length, checksum
-_PREFIX = struct.Struct("<4sBBHQ")  # the first 16 bytes (everything but the checksum)
 xxh3_64 = xxhash.xxh3_64_intdigest
 _xxh3_stream = xxhash.xxh3_64
 
@@ -123,11 +122,6 @@ def header_parts(key_len: int, payload_len: int) -> tuple[bytes, bytes]:
 def encode_header(key: bytes, payload_len: int, digest: int) -> bytes:
     """The full header (fixed part, key, padding) of a page."""
     return _FIXED.pack(MAGIC, FORMAT_VERSION, ALGO_XXH3_64, len(key), payload_len, digest) + header_tail(key)
-
-
-def expected_prefix(key_len: int, payload_len: int) -> bytes:
-    """The first 16 header bytes a valid page of this key and size must start with."""
-    return _PREFIX.pack(MAGIC, FORMAT_VERSION, ALGO_XXH3_64, key_len, payload_len)
 
 
 def stored_checksum(header: bytes | bytearray) -> int:
