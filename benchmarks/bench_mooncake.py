@@ -271,7 +271,9 @@ def _print_table(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--quick", action="store_true", help="64 MiB per case (256 MiB without), 16 KiB and 256 KiB pages (and 2 MiB without)"
+        "--quick",
+        action="store_true",
+        help="64 MiB per case (256 MiB without), 16 KiB and 256 KiB pages (and 2 MiB without)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)
