@@ -150,6 +150,7 @@ class _Case:
             for ks in ctl.store.page_keys("kv", hashes):
                 for k in ks:
                     os.makedirs(os.path.dirname(backend.path_of(k)), exist_ok=True)
+            backend._path_cache.clear()  # path_of memoised these new keys: the timed ops must not gain
         with _no_gc():
             tw = _timed(lambda: _check(ctl.backup(hashes, self.idx).pages == self.pages, "backup"))
         for b in self.pool.buffers():

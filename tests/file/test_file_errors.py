@@ -73,6 +73,13 @@ def test_root_of_format_1_is_refused_with_the_fix(tmp_path: Path) -> None:
         open_store(config(tmp_path))
 
 
+def test_root_with_another_layout_is_refused(tmp_path: Path) -> None:
+    """Format 2 written by the first builds (4096 shards) is never searched in the wrong places."""
+    (tmp_path / ".hicache-file.json").write_text('{"format": 2, "layout": "<namespace>/<key[-3:]>/<key>"}')
+    with pytest.raises(FileRootError, match=r"layout .*key\[-3:\].*another directory, or delete"):
+        open_store(config(tmp_path))
+
+
 def test_options(tmp_path: Path) -> None:
     with pytest.raises(OptionsError, match="max_byte"):
         open_store(config(tmp_path, options={"max_byte": 10}))

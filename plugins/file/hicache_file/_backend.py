@@ -279,8 +279,8 @@ class FileBackend:
                     k = keys[i]
                     check_key(k)
                     dot = k.find(".")
-                    if dot > 0 and len(k) >= 3:  # %-formatting measured ~40% faster than an f-string
-                        p = "%s%s/%s/%s" % (root, k[:dot], k[-3:], k)  # noqa: UP031
+                    if dot > 0 and k[-1] != ".":  # %-formatting: ~40% faster than an f-string
+                        p = "%s%s/%s/%s" % (root, k[:dot], k[-1], k)  # noqa: UP031
                     else:
                         p = root + fmt.relpath(k)
                     out[i] = cache[k] = p

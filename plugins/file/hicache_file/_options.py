@@ -38,7 +38,7 @@ class FileOptions(BaseModel):
     ``<user cache dir>/hicache/file``. Every process opening the same root shares the pages.
     ``max_bytes``: optional byte budget over every namespace in ``root`` (headers included),
     enforced with LRU eviction; ``None`` means unbounded. Setting it makes open scan ``root``
-    once to rebuild the index (~1 s per namespace plus 5-10 us per file).
+    once to rebuild the index (5-10 us per file).
     ``fsync``: ``fsync`` each page and its directory before reporting it stored (durable across
     power loss; without it, a crash of the process still never exposes a torn page, and a page
     damaged by power loss is caught by its checksum and read as a miss).

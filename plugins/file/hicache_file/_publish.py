@@ -216,6 +216,13 @@ def _check_marker(root: str) -> None:
         os.replace(tmp, marker)
         return
     version = info.get("format") if isinstance(info, dict) else None
+    if version == fmt.FORMAT_VERSION and info.get("layout") != fmt.LAYOUT:
+        raise FileRootError(
+            f"file backend root {root!r} holds format-{version} pages in the directory layout "
+            f"{info.get('layout')!r}, but this hicache-file uses {fmt.LAYOUT!r}; point "
+            "options.root at another directory, or delete this one (its pages are a cache: the "
+            "engine recomputes what is missing)"
+        )
     if version != fmt.FORMAT_VERSION:
         raise FileRootError(
             f"file backend root {root!r} holds pages in format {version!r}, but this "
