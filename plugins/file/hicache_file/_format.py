@@ -128,11 +128,6 @@ def encode_header(key: bytes, payload_len: int, digest: int) -> bytes:
     return _FIXED.pack(MAGIC, FORMAT_VERSION, ALGO_XXH3_64, len(key), payload_len, digest) + header_tail(key)
 
 
-def stored_checksum(header: bytes | bytearray) -> int:
-    """The checksum field of a header (bytes 16..24)."""
-    return int.from_bytes(header[16:24], "little")
-
-
 def classify(
     header: bytes | bytearray, nread: int, key: bytes, payload_len: int, file_size: int
 ) -> str | None:
