@@ -6,11 +6,12 @@ import errno
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from file_helpers import config, fill, pages, temp_files, zero
-from hicache_file import FileBackend, FileOptions, FileRootError, default_root
+from hicache_file import FileBackend, FileOptions, FileRootError, _native_io, default_root
 
 from hicache_core import (
     BackendIOError,
@@ -214,7 +215,8 @@ def test_errors_are_hicache_errors(tmp_path: Path) -> None:
 
 
 def test_close_stops_threads_and_is_idempotent(tmp_path: Path) -> None:
-    store = open_store(config(tmp_path, options={"io_threads": 3, "parallel_min_bytes": 0}))
+    opts = {"io_threads": 3, "parallel_min_bytes": 0, "native_io": False}  # the Python engine's pool
+    store = open_store(config(tmp_path, options=opts))
     bufs = [torch.ones(10, dtype=torch.uint8)] * 6
     keys = [f"c.k{i}" for i in range(6)]
     assert all(store.batch_io_v1(IoOp.SET, keys, bufs))
@@ -225,6 +227,41 @@ def test_close_stops_threads_and_is_idempotent(tmp_path: Path) -> None:
     assert backend._executor is None
     # after close the backend still answers (inline), it just has no threads
     assert backend.hicache_batch_io_v1(op=IoOp.EXISTS, keys=keys, buffers=None) == [True] * 6
+
+
+@pytest.mark.skipif(not _native_io.available(), reason="the _fastio extension is not built")
+def test_native_batches_use_io_threads_until_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C engine gets ``io_threads`` for a large batch, and one thread once closed."""
+    asked: list[tuple[str, int]] = []
+    fastio = _native_io._fastio
+
+    class Recorder:
+        def __getattr__(self, name: str) -> Any:
+            real = getattr(fastio, name)
+            if "batch" not in name:
+                return real
+
+            def call(items: Any, threads: int = 1) -> Any:
+                asked.append((name, threads))
+                return real(items, threads)
+
+            return call
+
+    monkeypatch.setattr(_native_io, "_fastio", Recorder())
+    store = open_store(config(tmp_path, options={"io_threads": 3, "parallel_min_bytes": 0}))
+    keys = [f"c.k{i}" for i in range(80)]
+    bufs = [torch.full((10,), i, dtype=torch.uint8) for i in range(80)]
+    assert all(store.batch_io_v1(IoOp.SET, keys, bufs))
+    assert all(store.batch_io_v1(IoOp.EXISTS, keys, None))
+    out = [torch.zeros(10, dtype=torch.uint8) for _ in range(80)]
+    assert all(store.batch_io_v1(IoOp.GET, keys, out))
+    assert all(torch.equal(a, b) for a, b in zip(out, bufs))
+    assert {t for _, t in asked} == {3} and len(asked) == 3
+    asked.clear()
+    store.close()
+    assert all(store.backend.hicache_batch_io_v1(op=IoOp.EXISTS, keys=keys, buffers=None))
+    assert all(store.backend.hicache_batch_io_v1(op=IoOp.GET, keys=keys, buffers=out))
+    assert {t for _, t in asked} == {1} and len(asked) == 2
 
 
 def test_root_with_foreign_content_is_refused(tmp_path: Path) -> None:

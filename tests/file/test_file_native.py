@@ -284,3 +284,62 @@ def test_publish_creates_a_missing_namespace_and_shard(tmp_path: Path) -> None:
     deeper = tmp_path / "a" / "b" / "c"  # two missing parents: Python's job (-ENOENT)
     assert fastio.publish_batch([(f"{deeper}/", f"{deeper}/k", [b"x"], True)]) == [-2]
     assert not (tmp_path / "a" / "b").exists()
+
+
+@needs_native
+def test_threads_give_the_same_results_as_one(tmp_path: Path) -> None:
+    """Every ``_fastio`` call shares its items out among ``threads`` threads: per-item results
+    (published, skipped, failed; valid, damaged, missing; present or not) stay in item order
+    and equal a single thread's, whatever the thread count (capped at the item count)."""
+    from hicache_file import _format as fmt
+
+    fastio = _native_io._fastio
+    assert fastio is not None
+    gen = torch.Generator().manual_seed(5)
+    n = 97
+    payloads = [torch.randint(0, 256, (100 + 37 * i,), dtype=torch.uint8, generator=gen) for i in range(n)]
+
+    def items(root: Path, sums: bool) -> list[tuple[str, str, list[object], bool]]:
+        out: list[tuple[str, str, list[object], bool]] = []
+        for i, p in enumerate(payloads):
+            key, data = f"k{i:03d}", p.numpy().tobytes()
+            head = bytearray(fmt.encode_header(key.encode(), len(data), 0 if sums else fmt.xxh3_64(data)))
+            shard = root / ("s" if i % 3 else "missing-shard")  # created by C on first use
+            out.append((f"{shard}/", f"{shard}/{key}", [head, data], True))
+        out[7] = (f"{root}/a/b/c/", f"{root}/a/b/c/k", [bytearray(64), b"x"], True)  # -ENOENT
+        return out
+
+    results = {}
+    for threads in (1, 2, 5, 500):
+        root = tmp_path / f"t{threads}"
+        root.mkdir()
+        publish = fastio.publish_batch_xxh3 if _native_io.checksums_in_c() else fastio.publish_batch
+        first = publish(items(root, _native_io.checksums_in_c()), threads)
+        again = publish(items(root, _native_io.checksums_in_c()), threads)  # all present now
+        (root / "s" / "k001").write_bytes(b"damaged")
+        paths = [it[1] for it in items(root, False)]
+        exists = fastio.exists_batch(paths, threads)
+        reads = [(p, bytearray(fmt.header_size(4)), [bytearray(len(d))]) for p, d in zip(paths, payloads)]
+        got = fastio.read_batch([(p, [h, *b, bytearray(1)]) for p, h, b in reads], threads)
+        verify = None
+        if _native_io.checksums_in_c():
+            expected = [
+                bytes(fmt.header_parts(4, len(d))[0]) + f"k{i:03d}".encode() + fmt.header_parts(4, len(d))[1]
+                for i, d in enumerate(payloads)
+            ]
+            outs = [[bytearray(len(d))] for d in payloads]
+            verify = fastio.read_verify_batch(list(zip(paths, expected, outs)), threads)
+            assert all(
+                bytes(o[0]) == d.numpy().tobytes() for o, d, v in zip(outs, payloads, verify) if v == 0
+            )
+        results[threads] = (first, again, exists, got, verify)
+    first, again, exists, got, verify = results[1]
+    assert first.count(0) == n - 1 and first[7] == -2
+    assert again.count(1) == n - 1 and again[7] == -2
+    assert exists.count(True) == n - 1 and exists[7] is False
+    assert got[7] == -2 and got[1] == len(b"damaged")
+    if verify is not None:
+        assert verify.count(0) == n - 2 and verify[1] == 1 and verify[7] == -2
+    assert all(results[t] == results[1] for t in results)
+    with pytest.raises(ValueError, match="threads"):
+        fastio.exists_batch(paths, 0)

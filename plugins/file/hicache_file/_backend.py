@@ -59,6 +59,7 @@ log = logging.getLogger("hicache.file")
 
 _RFLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_MAX = 1 << 15
+_PARALLEL_MIN_PATHS = 64  # an exists() of fewer paths runs in one thread
 _FH = fmt.FIXED_HEADER
 
 
@@ -246,7 +247,10 @@ class FileBackend:
 
     @hookimpl
     def hicache_close(self) -> None:
-        """Stop the I/O threads (waits for the batch in flight). Idempotent."""
+        """Stop the I/O threads (waits for the batch in flight). Idempotent.
+
+        A closed backend still answers, in the caller's thread only.
+        """
         self._closed = True
         with self._executor_lock:
             ex, self._executor = self._executor, None
@@ -309,31 +313,38 @@ class FileBackend:
     ) -> list[bool]:
         paths = self._paths(keys)
         n = len(paths)
+        threads = self.options.io_threads
         if op is IoOp.EXISTS:
-            found = list(map(os.access, paths, repeat(os.F_OK)))
+            if self._native_get:  # in C, on several threads for a large query
+                many = n >= _PARALLEL_MIN_PATHS and not self._closed
+                found = _native_io.exists(paths, threads if many else 1)
+            else:
+                found = list(map(os.access, paths, repeat(os.F_OK)))
             self._absent.keys = {k for k, f in zip(keys, found) if not f}
             with self._stats_lock:
                 self._stats.exists_checks += n
             return found
-        work: Any
-        extra: Any
-        if op is IoOp.GET:
-            work, extra = self._get_range, posts
-            if self._native_get:  # C batch reads; pages that fail verification go to _get_range
-                work = partial(_native_io.get_range, self._get_range, self.index is not None)
-        else:
-            work = self._set_range
-            if self._native_set:
-                work = partial(
-                    _native_io.set_range, self._publisher, self.options.max_bytes, self.index is not None
-                )
-            extra = getattr(self._absent, "keys", None) or frozenset()
+        parallel = (
+            threads > 1 and n > 1 and not self._closed and sum(sizes) >= self.options.parallel_min_bytes
+        )
+        if op is not IoOp.GET:
+            absent = getattr(self._absent, "keys", None) or frozenset()
             self._absent.keys = None
-        args: tuple[Any, ...] = (keys, paths, iovs, sizes, extra)
-        threads = self.options.io_threads
-        ex = None
-        if threads > 1 and n > 1 and sum(sizes) >= self.options.parallel_min_bytes:
-            ex = self._pool()
+        native = self._native_get if op is IoOp.GET else self._native_set
+        if native:  # one C call moves the whole batch on its own threads
+            track = self.index is not None
+            nt = threads if parallel else 1
+            if op is IoOp.GET:
+                part = _native_io.get_range(self._get_range, track, nt, keys, paths, iovs, sizes, posts)
+            else:
+                part = _native_io.set_range(
+                    self._publisher, self.options.max_bytes, track, nt, keys, paths, iovs, sizes, absent
+                )
+            self._finish(op, n, [part[1]])
+            return part[0]
+        work: Any = self._get_range if op is IoOp.GET else self._set_range
+        args: tuple[Any, ...] = (keys, paths, iovs, sizes, posts if op is IoOp.GET else absent)
+        ex = self._pool() if parallel else None
         if ex is None:
             parts = [work(*args, 0, n)]
         else:

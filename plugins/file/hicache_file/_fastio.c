@@ -3,11 +3,15 @@
  * GIL released.
  *
  * Moving one small page costs a handful of syscalls (open, writev, linkat, close; or open,
- * readv, close). Done from Python, every one of them drops and retakes the GIL, so two I/O
- * threads spend their time handing the GIL to each other instead of overlapping in the kernel.
- * Here one call takes the buffers of a whole range of pages (with the GIL), then releases the
- * GIL once and issues every syscall of the range. Python keeps everything else: paths, headers,
- * checksums, verification and every error decision (see hicache_file._native_io).
+ * readv, close). Done from Python, every one of them drops and retakes the GIL, so I/O threads
+ * spend their time handing the GIL to each other instead of overlapping in the kernel. Here one
+ * call takes the buffers of a whole batch (with the GIL), then releases the GIL once and issues
+ * every syscall of the batch on `threads` threads (the caller's included), each taking the next
+ * unclaimed page until none is left. Python keeps everything else: paths, headers, checksums,
+ * verification and every error decision (see hicache_file._native_io).
+ *
+ * Every function takes an optional `threads` (default 1; at most MAX_THREADS are used, never
+ * more than there are items) and returns one result per item, in item order.
  *
  *   publish_batch(items) -> list[int]
  *       items: sequence of (shard_dir: str, path: str, buffers: sequence, check_exists: bool).
@@ -44,26 +48,27 @@
  *       for a missing page). The format itself stays in Python (_format), which builds the
  *       expected headers. Available when HAVE_XXH3 is 1.
  *
+ *   exists_batch(paths) -> list[bool]
+ *       access(path, F_OK) == 0 for each path (a str): what os.access returns, without the GIL.
+ *
  *   xxh3_64(buffer) -> int
  *       The XXH3-64 (seed 0) of one buffer (GIL held), by the implementation that
  *       publish_batch_xxh3 and read_verify_batch use: the Python side checks it against
  *       xxhash.xxh3_64_intdigest before it uses them.
  *
- * All raise ValueError for a malformed item, TypeError for a non-buffer and BufferError for a
+ * All raise ValueError for a malformed item or threads < 1, TypeError for a non-buffer and BufferError for a
  * read-only buffer given to read_batch; they never raise for an I/O failure (that is a per-item
  * result). Durable (fsync) publishing stays on the Python path, where the fsync dominates.
  */
-#define PY_SSIZE_T_CLEAN
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
-#include <Python.h>
+#include "_fastio.h"
 
-#include <dlfcn.h>
 #include <errno.h>
-#include <stdint.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -127,6 +132,7 @@ typedef enum {
     SHAPE_PUBLISH,      /* (shard_dir, path, buffers, check_exists) */
     SHAPE_PUBLISH_SUMS, /* the same, the first buffer (the header) writable */
     SHAPE_VERIFY,       /* (path, expected header, writable payload buffers) */
+    SHAPE_PATHS,        /* a bare path: no buffers */
 } Shape;
 
 /* Parse `items` into `b`. For SHAPE_VERIFY each item gets two extra slots around its payload
@@ -145,7 +151,8 @@ static int batch_parse(Batch *b, PyObject *items, Shape shape) {
     Py_ssize_t at_bufs = publish || verify ? 2 : 1;
     Py_ssize_t extra = verify ? 2 : 0;
     Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
+    int paths = shape == SHAPE_PATHS;
+    for (Py_ssize_t i = 0; i < n && !paths; i++) {
         PyObject *it = elems[i];
         if (!PyTuple_Check(it) || PyTuple_GET_SIZE(it) != arity) {
             PyErr_Format(PyExc_ValueError, "item %zd must be a tuple of %zd fields", i, arity);
@@ -178,6 +185,11 @@ static int batch_parse(Batch *b, PyObject *items, Shape shape) {
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = elems[i];
         Item *item = &b->items[i];
+        if (paths) {
+            item->path = keep_str(b, it, "path");
+            if (item->path == NULL) goto fail;
+            continue;
+        }
         if (publish) {
             item->dir = keep_str(b, PyTuple_GET_ITEM(it, 0), "shard_dir");
             if (item->dir == NULL) goto fail;
@@ -223,11 +235,12 @@ fail:
     return -1;
 }
 
-static PyObject *batch_results(Batch *b) {
+static PyObject *batch_results(Batch *b, int as_bool) {
     PyObject *out = PyList_New(b->nitems);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < b->nitems; i++) {
-        PyObject *v = PyLong_FromLong(b->items[i].result);
+        long r = b->items[i].result;
+        PyObject *v = as_bool ? PyBool_FromLong(r) : PyLong_FromLong(r);
         if (v == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -368,76 +381,11 @@ static long read_one(Item *it, struct iovec *iov) {
     return total;
 }
 
-/* XXH3-64 as implemented by python-xxhash (a dependency of this package, which Python uses for
- * the same checksums), resolved at import from its already loaded extension module, whose
- * xxHash functions are exported. Its *_dispatch entry points pick SSE2/AVX2/AVX-512 at run
- * time: measured here 38-50 GB/s on cached 16 KiB-2 MiB buffers, against 8-13 GB/s for the
- * Debian libxxhash0 (built for baseline SSE2). NULL members when unavailable. */
-typedef uint64_t (*xxh3_fn)(const void *, size_t);
-typedef void *(*xxh3_new_fn)(void);
-typedef int (*xxh3_free_fn)(void *);
-typedef int (*xxh3_reset_fn)(void *);
-typedef int (*xxh3_update_fn)(void *, const void *, size_t);
-typedef uint64_t (*xxh3_digest_fn)(const void *);
-typedef unsigned (*xxh_version_fn)(void);
-static struct {
-    xxh3_fn oneshot;
-    xxh3_new_fn create;
-    xxh3_free_fn release;
-    xxh3_reset_fn reset;
-    xxh3_update_fn update;
-    xxh3_digest_fn digest;
-} xxh3;
-
-/* The first of two symbols that `lib` exports (the SIMD-dispatching one first). */
-static void *either(void *lib, const char *a, const char *b) {
-    void *f = dlsym(lib, a);
-    return f != NULL ? f : dlsym(lib, b);
-}
-
-/* dlopen handle of python-xxhash's extension module (already imported), or NULL. */
-static void *python_xxhash(void) {
-    void *lib = NULL;
-    PyObject *mod = PyImport_ImportModule("xxhash._xxhash");
-    PyObject *file = mod != NULL ? PyModule_GetFilenameObject(mod) : NULL;
-    const char *path = file != NULL ? PyUnicode_AsUTF8(file) : NULL;
-    if (path != NULL) lib = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
-    Py_XDECREF(file);
-    Py_XDECREF(mod);
-    PyErr_Clear(); /* not found: Python computes the checksums */
-    return lib;
-}
-
-static int load_xxh3(void) {
-    void *lib = python_xxhash();
-    if (lib == NULL) return 0;
-    xxh_version_fn version = (xxh_version_fn)dlsym(lib, "XXH_versionNumber");
-    if (version == NULL || version() < 800) return 0; /* XXH3 output is stable from 0.8.0 */
-    xxh3.oneshot = (xxh3_fn)either(lib, "XXH3_64bits_dispatch", "XXH3_64bits");
-    xxh3.create = (xxh3_new_fn)dlsym(lib, "XXH3_createState");
-    xxh3.release = (xxh3_free_fn)dlsym(lib, "XXH3_freeState");
-    xxh3.reset = (xxh3_reset_fn)dlsym(lib, "XXH3_64bits_reset");
-    xxh3.update = (xxh3_update_fn)either(lib, "XXH3_64bits_update_dispatch", "XXH3_64bits_update");
-    xxh3.digest = (xxh3_digest_fn)dlsym(lib, "XXH3_64bits_digest");
-    if (!xxh3.oneshot || !xxh3.create || !xxh3.release || !xxh3.reset || !xxh3.update || !xxh3.digest) {
-        memset(&xxh3, 0, sizeof(xxh3));
-        return 0;
-    }
-    return 1;
-}
-
-/* 0 when load_xxh3 found XXH3, else -1 with NotImplementedError set. */
-static int require_xxh3(void) {
-    if (xxh3.oneshot != NULL) return 0;
-    PyErr_SetString(PyExc_NotImplementedError, "no XXH3 implementation was found (HAVE_XXH3 is 0)");
-    return -1;
-}
-
 static PyObject *xxh3_64(PyObject *self, PyObject *args) {
     Py_buffer view;
     (void)self;
-    if (require_xxh3() < 0 || !PyArg_ParseTuple(args, "y*:xxh3_64", &view)) return NULL;
-    uint64_t sum = xxh3.oneshot(view.buf, (size_t)view.len);
+    if (hc_require_xxh3() < 0 || !PyArg_ParseTuple(args, "y*:xxh3_64", &view)) return NULL;
+    uint64_t sum = hc_xxh3.oneshot(view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLongLong((unsigned long long)sum);
 }
@@ -446,171 +394,246 @@ static PyObject *xxh3_64(PyObject *self, PyObject *args) {
  * before the probe of a read). */
 static uint64_t payload_xxh3(Batch *b, Item *it, void *state, int probe) {
     Py_ssize_t lo = it->first + 1, hi = it->first + it->count - probe;
-    if (hi - lo == 1) return xxh3.oneshot(b->views[lo].buf, (size_t)b->views[lo].len);
-    xxh3.reset(state);
-    for (Py_ssize_t j = lo; j < hi; j++) xxh3.update(state, b->views[j].buf, (size_t)b->views[j].len);
-    return xxh3.digest(state);
+    if (hi - lo == 1) return hc_xxh3.oneshot(b->views[lo].buf, (size_t)b->views[lo].len);
+    hc_xxh3.reset(state);
+    for (Py_ssize_t j = lo; j < hi; j++) hc_xxh3.update(state, b->views[j].buf, (size_t)b->views[j].len);
+    return hc_xxh3.digest(state);
 }
 
-/* Publish every item of `b` with the GIL released; with `state`, first store each payload's
- * XXH3-64 in its header (bytes 16..23, little-endian). */
-static void run_publishes(Batch *b, void *state) {
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < b->nitems; i++) {
-        Item *it = &b->items[i];
-        if (item_exists(it)) {
-            it->result = 1;
-            continue;
-        }
-        if (state != NULL) {
-            uint64_t sum = payload_xxh3(b, it, state, 0);
-            unsigned char *hdr = (unsigned char *)b->views[it->first].buf;
-            for (int k = 0; k < 8; k++) hdr[16 + k] = (unsigned char)(sum >> (8 * k));
-        }
-        it->result = publish_one(it, &b->iov[it->first]);
+/* ------------------------------------------------------------------ parallel runs
+ * One call moves a whole batch: its items are shared out among `threads` threads (the caller's
+ * included) that take the next unclaimed item until none is left, so a slow page (a cold
+ * directory block, a page fault) never leaves a thread idle while another has a backlog. Each
+ * thread has its own XXH3 state and header scratch; every item has its own buffers and result
+ * slot, so no two threads touch the same memory. */
+#define MAX_THREADS 64
+
+typedef struct {
+    void *state;            /* XXH3 streaming state, when the run checksums */
+    unsigned char *scratch; /* header scratch + probe byte, when the run verifies */
+} Local;
+
+typedef struct Run Run;
+typedef long (*item_fn)(Run *r, Item *it, Local *loc);
+struct Run {
+    Batch *b;
+    item_fn fn;
+    int sums;       /* the threads need an XXH3 state */
+    size_t scratch; /* bytes of scratch per thread (0: none) */
+    Py_ssize_t next;
+};
+
+static int local_init(const Run *r, Local *loc) {
+    loc->state = r->sums ? hc_xxh3.create() : NULL;
+    loc->scratch = r->scratch ? PyMem_RawMalloc(r->scratch) : NULL;
+    if ((r->sums && loc->state == NULL) || (r->scratch && loc->scratch == NULL)) {
+        if (loc->state != NULL) hc_xxh3.release(loc->state);
+        PyMem_RawFree(loc->scratch);
+        return -1;
     }
-    Py_END_ALLOW_THREADS
+    return 0;
 }
 
-static PyObject *publish_common(PyObject *items, int with_sums) {
+static void local_free(Local *loc) {
+    if (loc->state != NULL) hc_xxh3.release(loc->state);
+    PyMem_RawFree(loc->scratch);
+}
+
+static void drain(Run *r, Local *loc) {
+    for (;;) {
+        Py_ssize_t i = __atomic_fetch_add(&r->next, 1, __ATOMIC_RELAXED);
+        if (i >= r->b->nitems) return;
+        r->b->items[i].result = r->fn(r, &r->b->items[i], loc);
+    }
+}
+
+static void *worker(void *arg) {
+    Run *r = arg;
+    Local loc;
+    if (local_init(r, &loc) == 0) { /* else the other threads take its share */
+        drain(r, &loc);
+        local_free(&loc);
+    }
+    return NULL;
+}
+
+/* Run r->fn on every item of r->b with up to `threads` threads, the GIL released. 0, or -1
+ * with MemoryError (nothing was run). A thread that cannot start leaves its share to the
+ * others: the caller's thread drains the queue whatever happens. */
+static int run_items(Run *r, int threads) {
+    Local loc;
+    if (local_init(r, &loc) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (threads > r->b->nitems) threads = (int)r->b->nitems;
+    if (threads > MAX_THREADS) threads = MAX_THREADS;
+    pthread_t tid[MAX_THREADS];
+    int started = 0;
+    r->next = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 1; t < threads; t++)
+        if (pthread_create(&tid[started], NULL, worker, r) == 0) started++;
+    drain(r, &loc);
+    for (int t = 0; t < started; t++) pthread_join(tid[t], NULL);
+    Py_END_ALLOW_THREADS
+    local_free(&loc);
+    return 0;
+}
+
+/* The `threads` argument: 1..MAX_THREADS (a larger count is capped). -1 with ValueError. */
+static int check_threads(int threads) {
+    if (threads >= 1) return 0;
+    PyErr_Format(PyExc_ValueError, "threads must be >= 1, got %d", threads);
+    return -1;
+}
+
+/* Parse, run with `fn`, and return the per-item results (list[int], or list[bool] with
+ * `as_bool`). */
+static PyObject *run_batch(PyObject *items, Shape shape, item_fn fn, int sums, int threads, int as_bool) {
+    Batch b;
+    if (check_threads(threads) < 0 || batch_parse(&b, items, shape) < 0) return NULL;
+    Run r = {&b, fn, sums, 0, 0};
+    for (Py_ssize_t i = 0; shape == SHAPE_PUBLISH_SUMS && i < b.nitems; i++) {
+        if (b.items[i].count < 2 || b.views[b.items[i].first].len < 24) {
+            batch_free(&b);
+            PyErr_Format(PyExc_ValueError,
+                         "item %zd: publish_batch_xxh3 needs a header of at least 24 bytes and a payload", i);
+            return NULL;
+        }
+    }
+    if (shape == SHAPE_VERIFY) {
+        Py_ssize_t cap = 24;
+        for (Py_ssize_t i = 0; i < b.nitems; i++)
+            if (b.expect[i].len > cap) cap = b.expect[i].len;
+        r.scratch = (size_t)cap + 1;
+    }
+    PyObject *out = run_items(&r, threads) < 0 ? NULL : batch_results(&b, as_bool);
+    batch_free(&b);
+    return out;
+}
+
+#ifdef O_TMPFILE
+static long publish_item(Run *r, Item *it, Local *loc) {
+    if (item_exists(it)) return 1;
+    if (r->sums) { /* store the payload's XXH3-64 in the header just before the write */
+        uint64_t sum = payload_xxh3(r->b, it, loc->state, 0);
+        unsigned char *hdr = (unsigned char *)r->b->views[it->first].buf;
+        for (int k = 0; k < 8; k++) hdr[16 + k] = (unsigned char)(sum >> (8 * k));
+    }
+    return publish_one(it, &r->b->iov[it->first]);
+}
+#endif
+
+static PyObject *publish_common(PyObject *items, int with_sums, int threads) {
 #ifndef O_TMPFILE
     (void)items;
     (void)with_sums;
+    (void)threads;
     PyErr_SetString(PyExc_NotImplementedError, "O_TMPFILE is not available on this platform");
     return NULL;
 #else
-    Batch b;
-    if (batch_parse(&b, items, with_sums ? SHAPE_PUBLISH_SUMS : SHAPE_PUBLISH) < 0) return NULL;
-    void *state = NULL;
-    if (with_sums) {
-        for (Py_ssize_t i = 0; i < b.nitems; i++) {
-            if (b.items[i].count < 2 || b.views[b.items[i].first].len < 24) {
-                batch_free(&b);
-                PyErr_Format(PyExc_ValueError,
-                             "item %zd: publish_batch_xxh3 needs a header of at least 24 bytes and a payload", i);
-                return NULL;
-            }
-        }
-        state = xxh3.create();
-        if (state == NULL) {
-            batch_free(&b);
-            return PyErr_NoMemory();
-        }
-    }
-    run_publishes(&b, state);
-    if (state != NULL) xxh3.release(state);
-    PyObject *out = batch_results(&b);
-    batch_free(&b);
-    return out;
+    return run_batch(items, with_sums ? SHAPE_PUBLISH_SUMS : SHAPE_PUBLISH, publish_item, with_sums, threads, 0);
 #endif
 }
 
 static PyObject *publish_batch(PyObject *self, PyObject *args) {
     PyObject *items;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O:publish_batch", &items)) return NULL;
-    return publish_common(items, 0);
+    if (!PyArg_ParseTuple(args, "O|i:publish_batch", &items, &threads)) return NULL;
+    return publish_common(items, 0, threads);
 }
 
 static PyObject *publish_batch_xxh3(PyObject *self, PyObject *args) {
     PyObject *items;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O:publish_batch_xxh3", &items)) return NULL;
-    if (require_xxh3() < 0) return NULL;
-    return publish_common(items, 1);
+    if (!PyArg_ParseTuple(args, "O|i:publish_batch_xxh3", &items, &threads)) return NULL;
+    if (hc_require_xxh3() < 0) return NULL;
+    return publish_common(items, 1, threads);
 }
 
-/* Read every item of `b` with the GIL released. */
-static void run_reads(Batch *b) {
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < b->nitems; i++) b->items[i].result = read_one(&b->items[i], &b->iov[b->items[i].first]);
-    Py_END_ALLOW_THREADS
+static long read_item(Run *r, Item *it, Local *loc) {
+    (void)loc;
+    return read_one(it, &r->b->iov[it->first]);
 }
 
-/* Read and verify every item of a SHAPE_VERIFY batch with the GIL released. `scratch` holds
- * the longest expected header; `probe` is one spare byte. */
-static void run_verifies(Batch *b, void *state, unsigned char *scratch, unsigned char *probe) {
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < b->nitems; i++) {
-        Item *it = &b->items[i];
-        struct iovec *iov = &b->iov[it->first];
-        const unsigned char *want = (const unsigned char *)b->expect[i].buf;
-        size_t hsize = (size_t)b->expect[i].len, payload = 0;
-        for (Py_ssize_t j = it->first + 1; j < it->first + it->count - 1; j++) payload += (size_t)b->views[j].len;
-        iov[0].iov_base = scratch;
-        iov[0].iov_len = hsize;
-        iov[it->count - 1].iov_base = probe;
-        iov[it->count - 1].iov_len = 1;
-        long n = read_one(it, iov);
-        if (n < 0) {
-            it->result = n;
-        } else if ((size_t)n != hsize + payload || memcmp(scratch, want, 16) != 0 ||
-                   memcmp(scratch + 24, want + 24, hsize - 24) != 0) {
-            it->result = 1;
-        } else {
-            uint64_t stored = 0;
-            for (int k = 7; k >= 0; k--) stored = (stored << 8) | scratch[16 + k];
-            it->result = payload_xxh3(b, it, state, 1) == stored ? 0 : 1;
-        }
-    }
-    Py_END_ALLOW_THREADS
+/* Read one item of a SHAPE_VERIFY batch into its payload buffers and check it against its
+ * expected header (b->expect, same index as the item). */
+static long verify_item(Run *r, Item *it, Local *loc) {
+    Batch *b = r->b;
+    Py_ssize_t i = it - b->items;
+    struct iovec *iov = &b->iov[it->first];
+    const unsigned char *want = (const unsigned char *)b->expect[i].buf;
+    size_t hsize = (size_t)b->expect[i].len, payload = 0;
+    unsigned char *scratch = loc->scratch, *probe = loc->scratch + r->scratch - 1;
+    for (Py_ssize_t j = it->first + 1; j < it->first + it->count - 1; j++) payload += (size_t)b->views[j].len;
+    iov[0].iov_base = scratch;
+    iov[0].iov_len = hsize;
+    iov[it->count - 1].iov_base = probe;
+    iov[it->count - 1].iov_len = 1;
+    long n = read_one(it, iov);
+    if (n < 0) return n;
+    if ((size_t)n != hsize + payload || memcmp(scratch, want, 16) != 0 ||
+        memcmp(scratch + 24, want + 24, hsize - 24) != 0)
+        return 1;
+    uint64_t stored = 0;
+    for (int k = 7; k >= 0; k--) stored = (stored << 8) | scratch[16 + k];
+    return payload_xxh3(b, it, loc->state, 1) == stored ? 0 : 1;
 }
 
 static PyObject *read_verify_batch(PyObject *self, PyObject *args) {
     PyObject *items;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O:read_verify_batch", &items)) return NULL;
-    if (require_xxh3() < 0) return NULL;
-    Batch b;
-    if (batch_parse(&b, items, SHAPE_VERIFY) < 0) return NULL;
-    Py_ssize_t cap = 24;
-    for (Py_ssize_t i = 0; i < b.nitems; i++)
-        if (b.expect[i].len > cap) cap = b.expect[i].len;
-    unsigned char *scratch = PyMem_Malloc((size_t)cap + 1);
-    void *state = xxh3.create();
-    if (scratch == NULL || state == NULL) {
-        PyMem_Free(scratch);
-        if (state != NULL) xxh3.release(state);
-        batch_free(&b);
-        return PyErr_NoMemory();
-    }
-    run_verifies(&b, state, scratch, scratch + cap);
-    xxh3.release(state);
-    PyMem_Free(scratch);
-    PyObject *out = batch_results(&b);
-    batch_free(&b);
-    return out;
+    if (!PyArg_ParseTuple(args, "O|i:read_verify_batch", &items, &threads)) return NULL;
+    if (hc_require_xxh3() < 0) return NULL;
+    return run_batch(items, SHAPE_VERIFY, verify_item, 1, threads, 0);
 }
 
 static PyObject *read_batch(PyObject *self, PyObject *args) {
     PyObject *items;
+    int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O:read_batch", &items)) return NULL;
-    Batch b;
-    if (batch_parse(&b, items, SHAPE_READ) < 0) return NULL;
-    run_reads(&b);
-    PyObject *out = batch_results(&b);
-    batch_free(&b);
-    return out;
+    if (!PyArg_ParseTuple(args, "O|i:read_batch", &items, &threads)) return NULL;
+    return run_batch(items, SHAPE_READ, read_item, 0, threads, 0);
+}
+
+static long exists_item(Run *r, Item *it, Local *loc) {
+    (void)r;
+    (void)loc;
+    return access(it->path, F_OK) == 0;
+}
+
+static PyObject *exists_batch(PyObject *self, PyObject *args) {
+    PyObject *paths;
+    int threads = 1;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O|i:exists_batch", &paths, &threads)) return NULL;
+    return run_batch(paths, SHAPE_PATHS, exists_item, 0, threads, 1);
 }
 
 static PyMethodDef methods[] = {
     {"publish_batch", publish_batch, METH_VARARGS,
-     "publish_batch(items) -> list[int]: O_TMPFILE + linkat publish of a batch, GIL released.\n"
-     "items: (shard_dir, path, buffers, check_exists) tuples. Per item: 0 published, 1 already "
-     "present, -errno failed."},
+     "publish_batch(items, threads=1) -> list[int]: O_TMPFILE + linkat publish of a batch, GIL\n"
+     "released. items: (shard_dir, path, buffers, check_exists) tuples. Per item: 0 published, 1\n"
+     "already present, -errno failed."},
     {"publish_batch_xxh3", publish_batch_xxh3, METH_VARARGS,
-     "publish_batch_xxh3(items) -> list[int]: publish_batch that first stores the XXH3-64 of each\n"
-     "item's payload (every buffer after the first) in its writable header, bytes 16..23."},
+     "publish_batch_xxh3(items, threads=1) -> list[int]: publish_batch that first stores the\n"
+     "XXH3-64 of each item's payload (every buffer after the first) in its writable header, bytes\n"
+     "16..23."},
     {"xxh3_64", xxh3_64, METH_VARARGS,
      "xxh3_64(buffer) -> int: the XXH3-64 (seed 0) publish_batch_xxh3 and read_verify_batch use (GIL held)."},
     {"read_verify_batch", read_verify_batch, METH_VARARGS,
-     "read_verify_batch(items) -> list[int]: read each page and check it against its expected\n"
-     "header, GIL released. items: (path, expected header, payload buffers). Per item: 0 valid,\n"
-     "1 present but not a valid page of this size, -errno failed (-ENOENT: missing)."},
+     "read_verify_batch(items, threads=1) -> list[int]: read each page and check it against its\n"
+     "expected header, GIL released. items: (path, expected header, payload buffers). Per item:\n"
+     "0 valid, 1 present but not a valid page of this size, -errno failed (-ENOENT: missing)."},
     {"read_batch", read_batch, METH_VARARGS,
-     "read_batch(items) -> list[int]: open + readv + close of a batch, GIL released.\n"
+     "read_batch(items, threads=1) -> list[int]: open + readv + close of a batch, GIL released.\n"
      "items: (path, writable buffers) tuples. Per item: bytes read, or -errno."},
+    {"exists_batch", exists_batch, METH_VARARGS,
+     "exists_batch(paths, threads=1) -> list[bool]: access(path, F_OK) of each path, GIL released."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -629,7 +652,8 @@ PyMODINIT_FUNC PyInit__fastio(void) {
     if (PyModule_AddIntConstant(m, "HAVE_TMPFILE", 0) < 0) goto fail;
 #endif
     if (PyModule_AddIntConstant(m, "IOV_MAX", IOV_MAX) < 0) goto fail;
-    if (PyModule_AddIntConstant(m, "HAVE_XXH3", load_xxh3()) < 0) goto fail;
+    if (PyModule_AddIntConstant(m, "MAX_THREADS", MAX_THREADS) < 0) goto fail;
+    if (PyModule_AddIntConstant(m, "HAVE_XXH3", hc_load_xxh3()) < 0) goto fail;
     return m;
 fail:
     Py_DECREF(m);

@@ -1,10 +1,12 @@
 """The batched I/O path over the ``_fastio`` C extension (used when it is built).
 
 Python decides everything: it builds each page's header and what a valid page's header must
-be (``_format`` is the only definition of the format), hands a range of pages to one
-``_fastio`` call, which issues the syscalls with the GIL released (so ``io_threads`` ranges
-really overlap in the kernel), and accounts every result exactly like the pure-Python path in
-``_backend``. When the extension found XXH3 in python-xxhash's extension module
+be (``_format`` is the only definition of the format), hands the whole batch to one ``_fastio``
+call, which issues the syscalls with the GIL released on ``io_threads`` threads of its own
+(each takes the next unclaimed page), and accounts every result exactly like the pure-Python
+path in ``_backend``. Building every item first and then letting C threads move them matters
+for small pages: Python threads preparing their own ranges would take turns on the GIL, and
+its switch interval (5 ms) is as long as a whole batch of 16 KiB pages. When the extension found XXH3 in python-xxhash's extension module
 (``_fastio.HAVE_XXH3``, checked against ``xxhash`` at import), :func:`_fastio.publish_batch_xxh3`
 also checksums each payload right before writing it, and :func:`_fastio.read_verify_batch`
 checks each page read against its expected header and checksum, all without the GIL:
@@ -20,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from . import _format as fmt
@@ -34,7 +37,7 @@ try:
 except ImportError:  # not built (no compiler at install time): the pure-Python path is used
     _fastio = None
 
-__all__ = ["available", "checksums_in_c", "get_range", "set_range"]
+__all__ = ["available", "checksums_in_c", "exists", "get_range", "set_range"]
 
 _FH = fmt.FIXED_HEADER
 _ENOENT = -errno.ENOENT
@@ -70,44 +73,55 @@ def set_range(
     publisher: Publisher,
     max_bytes: int | None,
     track: bool,
+    threads: int,
     keys: Sequence[str],
     paths: list[str],
     iovs: list[list[Any]],
     sizes: list[int],
     absent: frozenset[str] | set[str],
-    lo: int,
-    hi: int,
 ) -> tuple[list[bool], _Tally]:
-    """Publish pages ``lo..hi`` (``O_TMPFILE`` publishers without fsync); returns flags and tally.
+    """Publish a whole batch (``O_TMPFILE`` publishers without fsync) on ``threads`` threads.
 
     Same semantics as the pure-Python ``_set_range``: a present key is skipped and ``True``;
     a failed key is ``False`` with nothing left behind; a missing shard directory is created
     and the page retried (twice, as a racing ``clear`` may remove it again).
     """
     tally = _Tally()
-    out = [False] * (hi - lo)
-    header, parts, xxh3, checksum = fmt.encode_header, fmt.header_parts, fmt.xxh3_64, fmt.checksum
+    n = len(keys)
+    out = [False] * n
+    parts = fmt.header_parts
     in_c = checksums_in_c()  # C stores each digest in its (writable) header just before the write
     publish = _fastio.publish_batch_xxh3 if in_c else _fastio.publish_batch
+    # a key the caller's exists() found absent needs no second look; usually that is all of them
+    check: Any = repeat(True) if not absent else repeat(False) if absent.issuperset(keys) else None
+    if check is None:
+        check = [k not in absent for k in keys]
     items: list[tuple[str, str, list[Any], bool]] = []
-    where: list[int] = []  # position in ``out`` of each item
-    disks: list[int] = []
-    for j in range(lo, hi):
-        key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
-        kb = key.encode("ascii")
-        fixed, pad = parts(len(kb), size)
-        disk = len(fixed) + len(kb) + len(pad) + size
-        if max_bytes is not None and disk > max_bytes:
-            tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={max_bytes}"), path)
-            continue
-        if in_c:
-            head: bytes | bytearray = bytearray(fixed + kb + pad)
-        else:
-            head = header(kb, size, xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
-        items.append((path[: len(path) - len(key)], path, [head, *iov], key not in absent))
-        where.append(j - lo)
-        disks.append(disk)
-    codes = publish(items) if items else []
+    where: list[int] | None = None  # position in ``out`` of each item, when some are left out
+    if max_bytes is not None:
+        where = []
+        for j, (key, size) in enumerate(zip(keys, sizes)):
+            if fmt.header_size(len(key)) + size > max_bytes:
+                err = OSError(errno.EFBIG, f"page exceeds max_bytes={max_bytes}")
+                tally.error("write_errors", err, paths[j])
+            else:
+                where.append(j)
+    if in_c:  # keys are ASCII (check_key): len(key) is the length of its bytes
+        for key, path, iov, size, chk in zip(keys, paths, iovs, sizes, check):
+            fixed, pad = parts(len(key), size)
+            items.append(
+                (path[: len(path) - len(key)], path, [bytearray(fixed + key.encode() + pad), *iov], chk)
+            )
+    else:
+        header, xxh3, checksum = fmt.encode_header, fmt.xxh3_64, fmt.checksum
+        for key, path, iov, size, chk in zip(keys, paths, iovs, sizes, check):
+            digest = xxh3(iov[0]) if len(iov) == 1 else checksum(iov)
+            items.append(
+                (path[: len(path) - len(key)], path, [header(key.encode(), size, digest), *iov], chk)
+            )
+    if where is not None:
+        items = [items[j] for j in where]
+    codes = publish(items, threads) if items else []
     for _attempt in range(2):
         retry = [i for i, c in enumerate(codes) if c == _ENOENT]
         if not retry:
@@ -117,23 +131,29 @@ def set_range(
                 publisher.makedirs(d)
             except OSError:
                 pass  # the retry reports the error for each page
-        for i, c in zip(retry, publish([items[i] for i in retry])):
+        for i, c in zip(retry, publish([items[i] for i in retry], threads)):
             codes[i] = c
+    if where is None and not track and (not codes or min(codes) >= 0):  # the common case
+        writes = codes.count(0)
+        nbytes = sum(sizes) if writes == n else sum(s for s, c in zip(sizes, codes) if c == 0)
+        tally.add("writes", writes)
+        tally.add("skipped_writes", n - writes)
+        tally.add("bytes_written", nbytes)
+        return [True] * n, tally
     writes = skipped = nbytes = 0
     for i, code in enumerate(codes):
-        pos = where[i]
+        pos = i if where is None else where[i]
         if code < 0:
             tally.error("write_errors", OSError(-code, os.strerror(-code)), items[i][1])
             continue
         out[pos] = True
-        key = keys[lo + pos]
         if code == 0:
             writes += 1
-            nbytes += sizes[lo + pos]
+            nbytes += sizes[pos]
         else:
             skipped += 1
         if track:
-            tally.touched.append((key, disks[i]))
+            tally.touched.append((keys[pos], fmt.header_size(len(keys[pos])) + sizes[pos]))
     tally.add("writes", writes)
     tally.add("skipped_writes", skipped)
     tally.add("bytes_written", nbytes)
@@ -143,39 +163,39 @@ def set_range(
 def get_range(
     slow: Callable[..., tuple[list[bool], _Tally]],
     track: bool,
+    threads: int,
     keys: Sequence[str],
     paths: list[str],
     iovs: list[list[Any]],
     sizes: list[int],
     posts: list[Post | None] | None,
-    lo: int,
-    hi: int,
 ) -> tuple[list[bool], _Tally]:
-    """Read and verify pages ``lo..hi``; anything that does not verify goes to ``slow``.
+    """Read and verify a whole batch on ``threads`` threads; what does not verify goes to ``slow``.
 
-    ``slow`` is the pure-Python reader (same arguments as this function after ``track``), called
-    for that one page: it re-reads it, tells a valid page of another size (a plain miss) from
-    corruption, and quarantines the latter.
+    ``slow`` is the pure-Python reader (``_get_range``: these arguments after ``threads``, then
+    ``lo, hi``), called for that one page: it re-reads it, tells a valid page of another size
+    (a plain miss) from corruption, and quarantines the latter.
     """
     tally = _Tally()
-    expected: list[bytes] = []  # each page's header with a zero checksum (C skips that field)
     parts = fmt.header_parts
-    for j in range(lo, hi):
-        kb = keys[j].encode("ascii")
-        fixed, pad = parts(len(kb), sizes[j])
-        expected.append(fixed + kb + pad)
-    if checksums_in_c():
-        codes = (
-            _fastio.read_verify_batch([(paths[j], e, iovs[j]) for j, e in zip(range(lo, hi), expected)])
-            if expected
-            else []
-        )
+    expected: list[bytes] = []  # each page's header with a zero checksum (C skips that field)
+    for key, size in zip(keys, sizes):  # keys are ASCII (check_key)
+        fixed, pad = parts(len(key), size)
+        expected.append(fixed + key.encode() + pad)
+    if not expected:
+        codes: list[int] = []
+    elif checksums_in_c():
+        codes = _fastio.read_verify_batch(list(zip(paths, expected, iovs)), threads)
     else:
-        codes = _verify_in_python(paths, iovs, sizes, expected, lo, hi)
+        codes = _verify_in_python(paths, iovs, sizes, expected, threads)
+    n = len(codes)
+    if posts is None and not track and not any(codes):  # every page valid: the common case
+        tally.add("hits", n)
+        tally.add("bytes_read", sum(sizes))
+        return [True] * n, tally
     out: list[bool] = []
     hits = misses = nbytes = 0
-    for i, code in enumerate(codes):
-        j = lo + i
+    for j, code in enumerate(codes):
         if code == 0:
             if posts is not None and posts[j] is not None:
                 dst, scratch = posts[j]  # type: ignore[misc]
@@ -183,7 +203,7 @@ def get_range(
             hits += 1
             nbytes += sizes[j]
             if track:
-                tally.touched.append((keys[j], len(expected[i]) + sizes[j]))
+                tally.touched.append((keys[j], len(expected[j]) + sizes[j]))
             out.append(True)
         elif code == _ENOENT:
             misses += 1
@@ -201,18 +221,21 @@ def get_range(
     return out, tally
 
 
+def exists(paths: list[str], threads: int) -> list[bool]:
+    """``os.access(path, F_OK)`` of every path, in C on ``threads`` threads."""
+    return _fastio.exists_batch(paths, threads) if paths else []
+
+
 def _verify_in_python(
-    paths: list[str], iovs: list[list[Any]], sizes: list[int], expected: list[bytes], lo: int, hi: int
+    paths: list[str], iovs: list[list[Any]], sizes: list[int], expected: list[bytes], threads: int
 ) -> list[int]:
     """``read_verify_batch``'s result codes from ``read_batch`` plus checks in Python (no C XXH3)."""
-    spare = bytearray(1)  # a byte read into it means trailing data
+    spare = bytearray(1)  # a byte read into it means trailing data (threads share it: never read)
     headers = [bytearray(len(e)) for e in expected]
-    items = [(paths[j], [h, *iovs[j], spare]) for j, h in zip(range(lo, hi), headers)]
+    items = [(p, [h, *iov, spare]) for p, h, iov in zip(paths, headers, iovs)]
     checksum, xxh3 = fmt.checksum, fmt.xxh3_64
     codes: list[int] = []
-    for code, hdr, want, iov, size in zip(
-        _fastio.read_batch(items) if items else [], headers, expected, iovs[lo:hi], sizes[lo:hi]
-    ):
+    for code, hdr, want, iov, size in zip(_fastio.read_batch(items, threads), headers, expected, iovs, sizes):
         if code < 0:
             codes.append(code)
         elif (
