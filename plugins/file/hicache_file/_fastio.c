@@ -69,25 +69,10 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/types.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
-#ifndef IOV_MAX
-#define IOV_MAX 1024
-#endif
-
-typedef struct {
-    const char *dir;  /* publish only */
-    const char *path;
-    int check_exists; /* publish only */
-    Py_ssize_t first; /* index of the first buffer in the shared arrays */
-    Py_ssize_t count; /* number of buffers */
-    long result;
-} Item;
 
 typedef struct {
     Item *items;
@@ -250,137 +235,6 @@ static PyObject *batch_results(Batch *b, int as_bool) {
     return out;
 }
 
-/* Write every byte of iov[0..cnt) to fd (the array is consumed). 0 or -errno. */
-static long write_all(int fd, struct iovec *iov, int cnt) {
-    while (cnt > 0) {
-        ssize_t n = writev(fd, iov, cnt > IOV_MAX ? IOV_MAX : cnt);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        if (n == 0) return -EIO;
-        while (cnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
-    }
-    return 0;
-}
-
-#ifdef O_TMPFILE
-/* Whether linkat(fd, "", ..., AT_EMPTY_PATH) works for this process: it needs
- * CAP_DAC_READ_SEARCH (ENOENT without it). 1 yes, 0 no, -1 not known yet. A benign race: every
- * thread that sees -1 probes, and all of them store the same answer. */
-static volatile int empty_path_ok = -1;
-
-/* Give the unnamed inode behind fd the name path. 0 linked, 1 path exists (EEXIST), -errno. */
-static long link_fd(int fd, const char *path) {
-#ifdef AT_EMPTY_PATH
-    if (empty_path_ok != 0) {
-        if (linkat(fd, "", AT_FDCWD, path, AT_EMPTY_PATH) == 0) {
-            empty_path_ok = 1;
-            return 0;
-        }
-        if (errno == EEXIST) return 1;
-        if (errno != ENOENT && errno != EPERM) return -errno;
-        /* ENOENT/EPERM: no capability, or the shard directory is gone; /proc tells which. */
-    }
-#endif
-    char proc[64];
-    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
-    if (linkat(AT_FDCWD, proc, AT_FDCWD, path, AT_SYMLINK_FOLLOW) != 0) return errno == EEXIST ? 1 : -errno;
-    if (empty_path_ok == -1) empty_path_ok = 0; /* /proc worked where AT_EMPTY_PATH did not */
-    return 0;
-}
-#endif
-
-#ifdef O_TMPFILE
-/* An unnamed O_TMPFILE inode in directory dir: the fd, or -errno. */
-static int open_tmpfile(const char *dir) {
-    int fd;
-    do {
-        fd = open(dir, O_WRONLY | O_TMPFILE | O_CLOEXEC, 0644);
-    } while (fd < 0 && errno == EINTR);
-    return fd < 0 ? -errno : fd;
-}
-#endif
-
-/* Publish one item whose existence was already checked (see item_exists). */
-static long publish_one(Item *it, struct iovec *iov) {
-#ifdef O_TMPFILE
-    int fd = open_tmpfile(it->dir);
-    if (fd == -ENOENT) {
-        /* A new shard directory: create it here, and its parent (the namespace directory) on a
-         * namespace's first page; the root always exists. Anything else still missing goes back
-         * to Python as -ENOENT, which creates the whole path. A racing writer creating either
-         * too is fine (EEXIST). */
-        size_t len = strlen(it->dir);
-        char shard[PATH_MAX];
-        if (len > 0 && len < sizeof(shard)) {
-            memcpy(shard, it->dir, len + 1);
-            if (shard[len - 1] == '/') shard[len - 1] = '\0';
-            int made = mkdir(shard, 0777) == 0 || errno == EEXIST;
-            char *slash = made ? NULL : strrchr(shard, '/');
-            if (!made && errno == ENOENT && slash != NULL && slash != shard) {
-                *slash = '\0';
-                int parent = mkdir(shard, 0777) == 0 || errno == EEXIST;
-                *slash = '/';
-                made = parent && (mkdir(shard, 0777) == 0 || errno == EEXIST);
-            }
-            if (made) fd = open_tmpfile(it->dir);
-        }
-    }
-    if (fd < 0) return fd;
-    long rc = write_all(fd, iov, (int)it->count);
-    if (rc == 0) rc = link_fd(fd, it->path);
-    close(fd);
-    return rc;
-#else
-    (void)it;
-    (void)iov;
-    return -ENOSYS;
-#endif
-}
-
-/* The item asks to skip a present page, and its path exists. */
-static int item_exists(const Item *it) { return it->check_exists && access(it->path, F_OK) == 0; }
-
-static long read_one(Item *it, struct iovec *iov) {
-    int fd;
-    do {
-        fd = open(it->path, O_RDONLY | O_CLOEXEC);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) return -errno;
-    long total = 0;
-    int cnt = (int)it->count;
-    while (cnt > 1 || (cnt == 1 && it->count == 1)) { /* stop when only the probe is left */
-        ssize_t n = readv(fd, iov, cnt > IOV_MAX ? IOV_MAX : cnt);
-        if (n < 0) {
-            if (errno == EINTR) continue;
-            total = -errno;
-            break;
-        }
-        if (n == 0) break; /* EOF: the caller compares the count with what it expected */
-        total += (long)n;
-        while (cnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
-    }
-    close(fd);
-    return total;
-}
-
 static PyObject *xxh3_64(PyObject *self, PyObject *args) {
     Py_buffer view;
     (void)self;
@@ -515,13 +369,13 @@ static PyObject *run_batch(PyObject *items, Shape shape, item_fn fn, int sums, i
 
 #ifdef O_TMPFILE
 static long publish_item(Run *r, Item *it, Local *loc) {
-    if (item_exists(it)) return 1;
+    if (hc_item_exists(it)) return 1;
     if (r->sums) { /* store the payload's XXH3-64 in the header just before the write */
         uint64_t sum = payload_xxh3(r->b, it, loc->state, 0);
         unsigned char *hdr = (unsigned char *)r->b->views[it->first].buf;
         for (int k = 0; k < 8; k++) hdr[16 + k] = (unsigned char)(sum >> (8 * k));
     }
-    return publish_one(it, &r->b->iov[it->first]);
+    return hc_publish_one(it, &r->b->iov[it->first]);
 }
 #endif
 
@@ -556,7 +410,7 @@ static PyObject *publish_batch_xxh3(PyObject *self, PyObject *args) {
 
 static long read_item(Run *r, Item *it, Local *loc) {
     (void)loc;
-    return read_one(it, &r->b->iov[it->first]);
+    return hc_read_one(it, &r->b->iov[it->first]);
 }
 
 /* Read one item of a SHAPE_VERIFY batch into its payload buffers and check it against its
@@ -573,7 +427,7 @@ static long verify_item(Run *r, Item *it, Local *loc) {
     iov[0].iov_len = hsize;
     iov[it->count - 1].iov_base = probe;
     iov[it->count - 1].iov_len = 1;
-    long n = read_one(it, iov);
+    long n = hc_read_one(it, iov);
     if (n < 0) return n;
     if ((size_t)n != hsize + payload || memcmp(scratch, want, 16) != 0 ||
         memcmp(scratch + 24, want + 24, hsize - 24) != 0)

@@ -1,6 +1,7 @@
 /*
- * Shared by the two sources of hicache_file._fastio: _fastio.c (the batched page syscalls) and
- * _fastio_xxh3.c (XXH3-64 resolved at import from python-xxhash's extension module).
+ * Shared by the sources of hicache_file._fastio: _fastio.c (the module: batches, threads),
+ * _fastio_page.c (the syscalls that move one page) and _fastio_xxh3.c (XXH3-64 resolved at
+ * import from python-xxhash's extension module).
  */
 #ifndef HICACHE_FASTIO_H
 #define HICACHE_FASTIO_H
@@ -8,8 +9,14 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/uio.h>
+
+#ifndef IOV_MAX
+#define IOV_MAX 1024
+#endif
 
 typedef uint64_t (*xxh3_fn)(const void *, size_t);
 typedef void *(*xxh3_new_fn)(void);
@@ -18,7 +25,7 @@ typedef int (*xxh3_reset_fn)(void *);
 typedef int (*xxh3_update_fn)(void *, const void *, size_t);
 typedef uint64_t (*xxh3_digest_fn)(const void *);
 
-/* python-xxhash's XXH3-64 entry points; every member NULL when load_xxh3 found none. The
+/* python-xxhash's XXH3-64 entry points; every member NULL when hc_load_xxh3 found none. The
  * functions are thread-safe (a streaming state belongs to one thread). */
 typedef struct {
     xxh3_fn oneshot;
@@ -42,5 +49,20 @@ HC_INTERNAL int hc_load_xxh3(void);
 
 /* 0 when hc_load_xxh3 found XXH3, else -1 with NotImplementedError set. */
 HC_INTERNAL int hc_require_xxh3(void);
+
+/* One page of a batch: its path, and its buffers as a slice of the batch's shared arrays. */
+typedef struct {
+    const char *dir;  /* publish only */
+    const char *path;
+    int check_exists; /* publish only */
+    Py_ssize_t first; /* index of the first buffer in the shared arrays */
+    Py_ssize_t count; /* number of buffers */
+    long result;
+} Item;
+
+/* The per-page syscalls (_fastio_page.c); the GIL need not be held. Results: see _fastio.c. */
+HC_INTERNAL long hc_publish_one(Item *it, struct iovec *iov);
+HC_INTERNAL int hc_item_exists(const Item *it);
+HC_INTERNAL long hc_read_one(Item *it, struct iovec *iov);
 
 #endif
