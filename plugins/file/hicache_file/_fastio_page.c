@@ -16,6 +16,20 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+/* Consume `n` transferred bytes from iov[0..*cnt): drop the buffers filled, shorten the next. */
+static struct iovec *iov_advance(struct iovec *iov, int *cnt, size_t n) {
+    while (*cnt > 0 && n >= iov->iov_len) {
+        n -= iov->iov_len;
+        iov++;
+        (*cnt)--;
+    }
+    if (*cnt > 0) {
+        iov->iov_base = (char *)iov->iov_base + n;
+        iov->iov_len -= n;
+    }
+    return iov;
+}
+
 /* Write every byte of iov[0..cnt) to fd (the array is consumed). 0 or -errno. */
 static long write_all(int fd, struct iovec *iov, int cnt) {
     while (cnt > 0) {
@@ -25,15 +39,7 @@ static long write_all(int fd, struct iovec *iov, int cnt) {
             return -errno;
         }
         if (n == 0) return -EIO;
-        while (cnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
+        iov = iov_advance(iov, &cnt, (size_t)n);
     }
     return 0;
 }
@@ -133,15 +139,7 @@ long hc_read_one(Item *it, struct iovec *iov) {
         }
         if (n == 0) break; /* EOF: the caller compares the count with what it expected */
         total += (long)n;
-        while (cnt > 0 && (size_t)n >= iov->iov_len) {
-            n -= (ssize_t)iov->iov_len;
-            iov++;
-            cnt--;
-        }
-        if (cnt > 0) {
-            iov->iov_base = (char *)iov->iov_base + n;
-            iov->iov_len -= (size_t)n;
-        }
+        iov = iov_advance(iov, &cnt, (size_t)n);
     }
     close(fd);
     return total;
