@@ -278,6 +278,18 @@ class FileBackend:
             root = self._prefix
             if len(cache) + len(out) > _PATH_CACHE_MAX:
                 cache.clear()
+            if out.count(None) == len(out):  # a batch of new keys (a backup's): ~25% faster
+                for k in keys:
+                    check_key(k)
+                relpath = fmt.relpath
+                paths = [
+                    "%s%s/%s/%s" % (root, k[:dot], k[-1], k)  # noqa: UP031
+                    if (dot := k.find(".")) > 0 and k[-1] != "."
+                    else root + relpath(k)
+                    for k in keys
+                ]
+                cache.update(zip(keys, paths))
+                return paths
             for i, p in enumerate(out):
                 if p is None:
                     k = keys[i]
