@@ -129,16 +129,20 @@ class CacheController:
         self._draft_io_fn = {"v2": self._io_v2, "v1": self._io_v1, None: None}[self._draft_path]
         # Backup sends pages without an existence pass when SET itself keeps stored objects.
         self._set_skips_existing = caps.set_skips_existing
-        # Requests that may take the one-batch path (``_one_batch``): the KV pool alone on v2,
-        # without draft offload or a call timeout. Backups also need this rank to write the pages.
-        self._one_batch = (
+        # Requests that may take the one-batch path (module ``_one_batch``): the KV pool alone on
+        # v2, without draft offload or a call timeout. Backups (``_one_batch_backup``) also need
+        # this rank to write the pages; prefetches (``_one_batch``) a threshold of at most one page.
+        one_batch = (
             len(self.pools) == 1
             and self.io_path == "v2"
             and self._draft_path is None
             and self.settings.io_timeout_s is None
         )
-        self._one_batch_backup = self._one_batch and (cfg.tp_rank == 0 or not anchor.rank_replicated)
+        self._one_batch_backup = one_batch and (cfg.tp_rank == 0 or not anchor.rank_replicated)
+        self._one_batch = one_batch and self.settings.prefetch_threshold <= 1
         self._kv_policy = HitPolicy(anchor.hit_policy)
+        self._anchor = anchor
+        self._batch_pages = self.settings.batch_pages  # settings are frozen
 
     def _resolve_draft(self) -> tuple[DraftIo, str | None]:
         if PoolName.DRAFT not in self.pools:
@@ -188,6 +192,13 @@ class CacheController:
         check_count(idx, n)
         return idx
 
+    def _kv_index_tuple(self, host_indices: IndexLike, n: int) -> tuple[int, ...]:
+        """``_kv_indices`` as a tuple (what a ``PoolTransfer`` holds), for the one-batch path."""
+        idx = self._anchor._index_tuple(host_indices)
+        if len(idx) != n:
+            check_count(list(idx), n)  # raises
+        return idx
+
     def _chunks(self, n: int) -> list[tuple[int, int]]:
         return chunks(n, self.settings.batch_pages)
 
@@ -229,7 +240,14 @@ class CacheController:
         for size, c in zip(sizes, ncomp):
             part = flat[off : off + size]
             off += size
-            out.append([all(t) for t in zip(*[part[k::c] for k in range(c)])] if c > 1 else part)
+            if c == 1:
+                out.append(part)
+            elif all(part):  # the usual outcomes: every component done, or none
+                out.append([True] * (size // c))
+            elif not any(part):
+                out.append([False] * (size // c))
+            else:  # a page is done when all its components are
+                out.append([all(t) for t in zip(*[part[k::c] for k in range(c)])])
         return out
 
     def _bounded(self, call: Callable[[], T]) -> T:
@@ -276,15 +294,15 @@ class CacheController:
         """
         if self._one_batch_backup and not extra:
             listed = self._check_hashes(page_hashes)
-            if 0 < len(listed) <= self.settings.batch_pages:
-                idx = self._kv_indices(host_indices, len(listed))
+            if 0 < len(listed) <= self._batch_pages:
+                idx = self._kv_index_tuple(host_indices, len(listed))
                 return _one_batch.backup(
                     self.store,
                     ValidHashes(listed),
                     idx,
                     self._kv_policy,
-                    skips_existing=self._set_skips_existing,
-                    fail=self._failed,
+                    self._set_skips_existing,
+                    self._failed,
                 )
         return self._prepare("backup", page_hashes, host_indices, extra)()
 
@@ -312,12 +330,12 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
-        if self._one_batch and not extra and self.settings.prefetch_threshold <= 1:
+        if self._one_batch and not extra:
             listed = self._check_hashes(page_hashes)
-            if 0 < len(listed) <= self.settings.batch_pages:
-                idx = self._kv_indices(host_indices, len(listed))
+            if 0 < len(listed) <= self._batch_pages:
+                idx = self._kv_index_tuple(host_indices, len(listed))
                 return _one_batch.prefetch(
-                    self.store, ValidHashes(listed), idx, self._kv_policy, fail=self._failed
+                    self.store, ValidHashes(listed), idx, self._kv_policy, self._failed
                 )
         return self._prepare("prefetch", page_hashes, host_indices, extra)()
 

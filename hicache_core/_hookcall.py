@@ -4,8 +4,10 @@ A store's I/O hooks usually have exactly one implementation: the backend's (or, 
 ``hicache_page_keys``, the default key scheme's). pluggy then still runs its generic call loop
 (argument checks, wrapper bookkeeping, ``try``/``finally``), and on a cache that a large copy has
 just flushed that costs tens of microseconds per call. :class:`PluginManager` counts changes
-to its registrations and monitoring; :func:`hook_call` gives a callable that calls the lone
-plain implementation directly, or the hook caller itself whenever anything more is involved.
+to its registrations and monitoring; :func:`hook_call` gives a callable, taking the hookspec's
+arguments positionally, that is the lone plain implementation itself (or calls it with the
+arguments it names), or calls the hook caller whenever anything more is involved. Positional
+calls spare the hot path a keyword dict per call.
 
 For a ``firstresult`` hook with one implementation the two are equivalent: pluggy passes the
 arguments the implementation names (in its order) and returns its result, ``None`` included,
@@ -19,7 +21,7 @@ from typing import Any
 
 import pluggy
 
-__all__ = ["PluginManager", "hook_call"]
+__all__ = ["PluggyCall", "PluginManager", "hook_call"]
 
 
 class PluginManager(pluggy.PluginManager):
@@ -65,24 +67,46 @@ class PluginManager(pluggy.PluginManager):
         return undo_and_bump
 
 
-def hook_call(pm: PluginManager, name: str, spec_args: tuple[str, ...]) -> Callable[..., Any]:
-    """A callable equivalent to ``pm.hook.<name>(**kwargs)`` for a ``firstresult`` hook.
+class PluggyCall:
+    """A hook called through its ``pluggy.HookCaller``, taking the hookspec's arguments positionally.
 
-    With exactly one implementation that is neither a wrapper nor a hookwrapper, and no call
-    monitor installed, the result calls it directly with the arguments it names; otherwise it
-    is the hook caller itself. The result is valid until ``pm.generation`` changes.
+    What :func:`hook_call` returns when more than a lone plain implementation is involved
+    (several implementations, a wrapper, a call monitor).
+    """
+
+    __slots__ = ("caller", "names")
+
+    def __init__(self, caller: pluggy.HookCaller, names: tuple[str, ...]) -> None:
+        self.caller = caller
+        self.names = names
+
+    def __call__(self, *args: Any) -> Any:
+        return self.caller(**dict(zip(self.names, args)))
+
+
+def hook_call(pm: PluginManager, name: str, spec_args: tuple[str, ...]) -> Callable[..., Any]:
+    """A callable equivalent to ``pm.hook.<name>(**dict(zip(spec_args, args)))`` for a ``firstresult`` hook.
+
+    It takes the hookspec's arguments positionally, in ``spec_args`` order. With exactly one
+    implementation that is neither a wrapper nor a hookwrapper, and no call monitor installed,
+    it calls that implementation directly with the arguments it names: it is the implementation
+    itself when it names them all in that order. Otherwise it is a :class:`PluggyCall`. The
+    result is valid until ``pm.generation`` changes.
     """
     caller: pluggy.HookCaller = getattr(pm.hook, name)
+    through_pluggy = PluggyCall(caller, spec_args)
     impls = caller.get_hookimpls()
     if len(impls) != 1 or pm.monitors:
-        return caller
+        return through_pluggy
     impl = impls[0]
     if impl.hookwrapper or impl.wrapper or not set(impl.argnames) <= set(spec_args):
-        return caller
-    fn = impl.function
-    names = tuple(impl.argnames)
+        return through_pluggy
+    fn: Callable[..., Any] = impl.function
+    if tuple(impl.argnames) == spec_args:
+        return fn
+    picks = tuple(spec_args.index(n) for n in impl.argnames)
 
-    def call(**kwargs: Any) -> Any:
-        return fn(*[kwargs[n] for n in names])
+    def call(*args: Any) -> Any:
+        return fn(*[args[i] for i in picks])
 
     return call

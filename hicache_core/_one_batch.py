@@ -24,14 +24,9 @@ __all__ = ["Failure", "backup", "prefetch"]
 Failure = Callable[[list[str], IoOp, Exception, int], list[bool]]
 
 
-def _transfer(store: Store, hashes: ValidHashes, indices: list[int], policy: HitPolicy) -> PoolTransfer:
-    keys = tuple(map(tuple, store.page_keys(PoolName.KV, hashes)))  # resolved once per operation
-    return PoolTransfer._trusted(PoolName.KV, tuple(indices), hashes, policy, keys)
-
-
 def _io(store: Store, op: IoOp, transfer: PoolTransfer, errors: list[str], fail: Failure) -> list[bool]:
     try:
-        return list(store.batch_io_v2(op, [transfer])[0])  # never the backend's own list object
+        return store._transfer_v2(op, transfer)  # a new list, never the backend's own object
     except Exception as err:
         return fail(errors, op, err, len(transfer))
 
@@ -39,44 +34,51 @@ def _io(store: Store, op: IoOp, transfer: PoolTransfer, errors: list[str], fail:
 def backup(
     store: Store,
     hashes: ValidHashes,
-    indices: list[int],
+    indices: tuple[int, ...],
     policy: HitPolicy,
-    *,
     skips_existing: bool,
     fail: Failure,
 ) -> TransferResult:
-    """Existence pass (unless the backend skips stored pages itself), then SET of the missing pages."""
+    """Existence pass (unless the backend skips stored pages itself), then SET of the missing pages.
+
+    ``indices``: the checked KV host pages, one per hash.
+    """
     errors: list[str] = []
-    t = _transfer(store, hashes, indices, policy)
+    t = store._trusted_transfer(PoolName.KV, indices, hashes, policy)  # keys resolved once
     if skips_existing:
         flags = _io(store, IoOp.SET, t, errors, fail)
-        return TransferResult(leading_run(flags), {PoolName.KV: flags}, None, 0, tuple(errors))
+        return _result(flags, 0, errors)
     found = _io(store, IoOp.EXISTS, t, errors, fail)
     n = len(found)
     skipped = countOf(found, True)  # the store checked that these are bools
     if skipped == n:
-        return TransferResult(n, {PoolName.KV: found}, None, skipped, tuple(errors))
+        return TransferResult._trusted(n, {PoolName.KV: found}, None, skipped, tuple(errors))
     if skipped == 0:
         flags = _io(store, IoOp.SET, t, errors, fail)
     else:
         keep = [i for i, f in enumerate(found) if not f]
         todo = PoolTransfer._trusted(
             PoolName.KV,
-            tuple(t.host_indices[i] for i in keep),
+            tuple(indices[i] for i in keep),
             hashes.pick(keep),
             policy,
             tuple(t.keys[i] for i in keep),
         )
-        flags = list(found)
+        flags = found  # a list of our own: fill in the pages written
         for i, ok in zip(keep, _io(store, IoOp.SET, todo, errors, fail)):
             flags[i] = ok
-    return TransferResult(leading_run(flags), {PoolName.KV: flags}, None, skipped, tuple(errors))
+    return _result(flags, skipped, errors)
 
 
 def prefetch(
-    store: Store, hashes: ValidHashes, indices: list[int], policy: HitPolicy, *, fail: Failure
+    store: Store, hashes: ValidHashes, indices: tuple[int, ...], policy: HitPolicy, fail: Failure
 ) -> TransferResult:
-    """One GET; the leading run of pages read is the usable prefix."""
+    """One GET; the leading run of pages read is the usable prefix. ``indices`` as for :func:`backup`."""
     errors: list[str] = []
-    flags = _io(store, IoOp.GET, _transfer(store, hashes, indices, policy), errors, fail)
-    return TransferResult(leading_run(flags), {PoolName.KV: flags}, None, 0, tuple(errors))
+    flags = _io(store, IoOp.GET, store._trusted_transfer(PoolName.KV, indices, hashes, policy), errors, fail)
+    return _result(flags, 0, errors)
+
+
+def _result(flags: list[bool], skipped: int, errors: list[str]) -> TransferResult:
+    pages = len(flags) if all(flags) else leading_run(flags)
+    return TransferResult._trusted(pages, {PoolName.KV: flags}, None, skipped, tuple(errors))

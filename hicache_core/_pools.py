@@ -211,6 +211,17 @@ class HostPool:
                 )
         return out
 
+    def _index_tuple(self, indices: Iterable[int]) -> tuple[int, ...]:
+        """``tuple(self.check_indices(indices))``, in one copy for a list or tuple of valid ints."""
+        kind = type(indices)
+        if kind is list or kind is tuple:
+            out = tuple(indices)  # check the copy: what is returned is what was checked
+            if out and operator.countOf(map(type, out), int) == len(out):
+                low, high = _bounds(out)
+                if low >= 0 and high < self.num_pages:
+                    return out
+        return tuple(self.check_indices(indices))  # anything else, errors included
+
     def page_views(self, indices: Iterable[int]) -> list[tuple[torch.Tensor, ...]]:
         """Per page, one uint8 view per component (contiguous only for ``page_first``)."""
         idx = self.check_indices(indices)
@@ -270,8 +281,8 @@ def _as_indices(values: Iterable[int]) -> list[int]:
     return [operator.index(i) for i in values]
 
 
-def _bounds(values: list[int]) -> tuple[int, int]:
-    """``(min, max)`` of a non-empty list of exact ints.
+def _bounds(values: Sequence[int]) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty list or tuple of exact ints.
 
     ``sorted`` compares exact ints without rich comparison, so for batches up to 128 it beats
     ``min()`` + ``max()`` (and is linear when they ascend); larger random batches would pay

@@ -57,6 +57,26 @@ class TransferResult:
     skipped: int = 0
     errors: tuple[str, ...] = ()
 
+    @classmethod
+    def _trusted(
+        cls,
+        pages: int,
+        per_pool: dict[PoolName, list[bool]],
+        draft: list[bool] | None,
+        skipped: int,
+        errors: tuple[str, ...],
+    ) -> TransferResult:
+        """Build without the dataclass ``__init__`` and its attribute store per field, for the
+        controller's one-batch path: every field is given, as the constructor would keep it.
+        """
+        self = object.__new__(cls)
+        object.__setattr__(
+            self,
+            "__dict__",
+            {"pages": pages, "per_pool": per_pool, "draft": draft, "skipped": skipped, "errors": errors},
+        )
+        return self
+
     @property
     def ok(self) -> bool:
         """Every requested page of every pool succeeded and no error was reported."""

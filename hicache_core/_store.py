@@ -29,7 +29,7 @@ from ._errors import (
 from ._hookcall import PluginManager, hook_call
 from ._keys import DefaultPageKeys, ValidHashes
 from ._registry import availability, load_backend_class, load_extension_class
-from ._types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
+from ._types import Capabilities, DraftIo, HitPolicy, IoOp, PoolName, PoolTransfer
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -138,9 +138,17 @@ class Store:
         self._resolve_hooks()
 
     def _resolve_hooks(self) -> None:
-        """Bind the hot-path hooks for the manager's current registrations (see ``_hookcall``)."""
-        self._hooks_generation = self.pm.generation
+        """Bind the hot-path hooks for the manager's current registrations (see ``_hookcall``).
+
+        Each bound hook takes its hookspec's arguments positionally. The generation is recorded
+        last: a concurrent call that sees it finds every binding made.
+        """
+        generation = self.pm.generation
         self._hooks = {name: hook_call(self.pm, name, args) for name, args in _HOT_HOOKS.items()}
+        keys_hook = self._hooks["hicache_page_keys"]
+        # The default scheme called directly: it returns a tuple of keys per page.
+        self._default_keys_hook = keys_hook if keys_hook == self.keys.hicache_page_keys else None
+        self._hooks_generation = generation
 
     def _instance_capabilities(self) -> Capabilities:
         """The opened backend's capabilities: its class's, or an instance's narrower per-options copy."""
@@ -212,13 +220,33 @@ class Store:
             )
         if type(pool_name) is not PoolName:
             pool_name = _pool_name(pool_name)
-        result = self._call("hicache_page_keys", pool_name=pool_name, page_hashes=page_hashes)
+        result = self._run_hook("hicache_page_keys", pool_name, page_hashes)
         if result is None or len(result) != len(page_hashes):
-            raise BackendContractError(
-                f"backend {self.name!r}: hicache_page_keys returned "
-                f"{'None' if result is None else len(result)} entries for {len(page_hashes)} pages"
-            )
+            raise self._keys_count_error(result, len(page_hashes))
         return result  # type: ignore[no-any-return]
+
+    def _trusted_transfer(
+        self, pool_name: PoolName, host_indices: tuple[int, ...], hashes: ValidHashes, policy: HitPolicy
+    ) -> PoolTransfer:
+        """``PoolTransfer(pool_name, host_indices, hashes, policy, keys=page_keys(pool_name, hashes))``.
+
+        Without the argument checks, for the controller's one-batch path, which guarantees what
+        they and ``PoolTransfer`` would establish: a registered ``PoolName``, a tuple of exact
+        ``int`` host indices as long as ``hashes``, a ``HitPolicy``. The keys are checked like
+        ``page_keys``'s and made a tuple per page.
+        """
+        result = self._run_hook("hicache_page_keys", pool_name, hashes)
+        if result is None or len(result) != len(hashes):
+            raise self._keys_count_error(result, len(hashes))
+        default = self._hooks["hicache_page_keys"] is self._default_keys_hook  # tuples already
+        keys = tuple(result) if default else tuple(map(tuple, result))
+        return PoolTransfer._trusted(pool_name, host_indices, hashes, policy, keys)
+
+    def _keys_count_error(self, result: Any, n: int) -> BackendContractError:
+        return BackendContractError(
+            f"backend {self.name!r}: hicache_page_keys returned "
+            f"{'None' if result is None else len(result)} entries for {n} pages"
+        )
 
     def batch_io_v1(
         self, op: IoOp | str, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None = None
@@ -236,7 +264,7 @@ class Store:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v1 I/O")
         if not keys:
             return []
-        result = self._call("hicache_batch_io_v1", op=op, keys=keys, buffers=buffers)
+        result = self._run_hook("hicache_batch_io_v1", op, keys, buffers)
         return self._check_flags("hicache_batch_io_v1", result, len(keys))
 
     def batch_io_v2(self, op: IoOp | str, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
@@ -251,24 +279,54 @@ class Store:
                 self.pool(t.pool)  # raises PoolError
         if not transfers:
             return []
-        result = self._call("hicache_batch_io_v2", op=op, transfers=transfers)
-        if result is None or len(result) != len(transfers):
-            raise BackendContractError(
-                f"backend {self.name!r}: hicache_batch_io_v2 must return one list per transfer "
-                f"({len(transfers)}), got {'None' if result is None else len(result)}"
-            )
-        return [self._check_flags("hicache_batch_io_v2", r, len(t)) for r, t in zip(result, transfers)]
+        return [
+            self._check_flags("hicache_batch_io_v2", r, len(t))
+            for r, t in zip(self._call_io_v2(op, transfers), transfers)
+        ]
 
-    def _call(self, hook: str, **kwargs: Any) -> Any:
-        """Run a hot-path hook; a non-hicache exception from a plugin becomes a typed BackendIOError."""
-        if self.pm.generation != self._hooks_generation:  # plugins or tracing changed since binding
+    def _transfer_v2(self, op: IoOp, transfer: PoolTransfer) -> list[bool]:
+        """``batch_io_v2(op, [transfer])[0]`` as a new list, without the argument checks.
+
+        For the controller's one-batch path, which guarantees what those checks establish:
+        ``op`` is an :class:`IoOp`, ``transfer`` a :class:`PoolTransfer` of a registered pool,
+        and the backend implements v2. The result is checked like ``batch_io_v2``'s.
+        """
+        result = self._run_hook("hicache_batch_io_v2", op, [transfer])
+        if result is None or len(result) != 1:
+            raise self._io_v2_count_error(result, 1)
+        flags = result[0]
+        n = len(transfer.page_hashes)
+        if type(flags) is list and len(flags) == n and countOf(map(type, flags), bool) == n:
+            return flags[:]  # never the backend's own list object
+        return list(self._check_flags("hicache_batch_io_v2", flags, n))
+
+    def _call_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> Any:
+        """The ``hicache_batch_io_v2`` hook's result, checked to hold one entry per transfer."""
+        result = self._run_hook("hicache_batch_io_v2", op, transfers)
+        if result is None or len(result) != len(transfers):
+            raise self._io_v2_count_error(result, len(transfers))
+        return result
+
+    def _io_v2_count_error(self, result: Any, n: int) -> BackendContractError:
+        return BackendContractError(
+            f"backend {self.name!r}: hicache_batch_io_v2 must return one list per transfer "
+            f"({n}), got {'None' if result is None else len(result)}"
+        )
+
+    def _run_hook(self, name: str, *args: Any) -> Any:
+        """Call a hot-path hook with its hookspec's arguments, positionally.
+
+        Rebinds the hooks first when registrations or tracing changed since they were bound; a
+        non-hicache exception from a plugin becomes a typed :class:`BackendIOError`.
+        """
+        if self.pm.generation != self._hooks_generation:
             self._resolve_hooks()
         try:
-            return self._hooks[hook](**kwargs)
+            return self._hooks[name](*args)
         except HiCacheError:
             raise
         except Exception as err:
-            raise BackendIOError(f"backend {self.name!r}: {hook} raised {type(err).__name__}: {err}") from err
+            raise BackendIOError(f"backend {self.name!r}: {name} raised {type(err).__name__}: {err}") from err
 
     def _check_flags(self, hook: str, result: Any, n: int) -> list[bool]:
         if result is None or not isinstance(result, (list, tuple)):

@@ -195,8 +195,16 @@ class PoolTransfer:
         matching lengths. Anyone else: use the constructor.
         """
         self = object.__new__(cls)
-        self.__dict__.update(
-            pool=pool, host_indices=host_indices, page_hashes=page_hashes, hit_policy=hit_policy, keys=keys
+        object.__setattr__(
+            self,
+            "__dict__",
+            {
+                "pool": pool,
+                "host_indices": host_indices,
+                "page_hashes": page_hashes,
+                "hit_policy": hit_policy,
+                "keys": keys,
+            },
         )
         return self
 

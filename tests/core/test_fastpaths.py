@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import operator
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -343,17 +343,18 @@ def test_partial_existence_writes_exactly_the_missing_pages(memory_backends) -> 
         assert ctl.query(hs).pages == 10 and ctl.prefetch(hs, range(10, 20)).pages == 10
 
 
-def test_keys_resolve_once_per_page_and_operation(memory_backends, monkeypatch) -> None:
+def test_keys_resolve_once_per_page_and_operation(memory_backends) -> None:
     kv = hc.MHAKVPool(32, 4, 1, 1, 8, allocate=False)
     with hc.CacheController(hc.StorageConfig(backend="memory", batch_pages=4), kv) as ctl:
         seen: list[tuple[str, int]] = []
-        real = ctl.store.page_keys
 
-        def spy(pool_name: Any, page_hashes: Sequence[str]) -> Any:
-            seen.append((type(page_hashes).__name__, len(page_hashes)))
-            return real(pool_name, page_hashes)
+        class Spy:  # sees every hicache_page_keys call, whichever store method makes it
+            @hc.hookimpl(wrapper=True)
+            def hicache_page_keys(self, page_hashes: Sequence[str]) -> Generator[None, Any, Any]:
+                seen.append((type(page_hashes).__name__, len(page_hashes)))
+                return (yield)
 
-        monkeypatch.setattr(ctl.store, "page_keys", spy)
+        ctl.store.pm.register(Spy())
         hs = hc.page_hashes(list(range(40)), 4)
         ctl.backup(hs, range(10))  # exists + set per chunk, keys resolved once per chunk
         assert seen == [("ValidHashes", 4), ("ValidHashes", 4), ("ValidHashes", 2)]

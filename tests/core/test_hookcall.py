@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Generator, Sequence
 from typing import Any
 
-import pluggy
 import pytest
 
 from hicache_core import (
@@ -19,7 +18,7 @@ from hicache_core import (
     page_hashes,
 )
 from hicache_core import hookspecs as specs
-from hicache_core._hookcall import PluginManager, hook_call
+from hicache_core._hookcall import PluggyCall, PluginManager, hook_call
 
 pytestmark = pytest.mark.usefixtures("memory_backends")
 
@@ -59,10 +58,37 @@ def test_lone_implementation_is_called_directly_with_the_arguments_it_names() ->
 
     pm.register(OnlyKeys())
     direct = hook_call(pm, "hicache_batch_io_v1", ("op", "keys", "buffers"))
-    assert not isinstance(direct, pluggy.HookCaller)
+    assert not isinstance(direct, PluggyCall)
     kwargs = {"op": IoOp.EXISTS, "keys": ["a", "b"], "buffers": None}
-    assert direct(**kwargs) == pm.hook.hicache_batch_io_v1(**kwargs) == [True, True]
+    assert direct(IoOp.EXISTS, ["a", "b"], None) == pm.hook.hicache_batch_io_v1(**kwargs) == [True, True]
     assert calls == [("a", "b"), ("a", "b")]
+
+
+def test_implementation_naming_every_argument_in_order_is_itself_the_call() -> None:
+    pm = PluginManager(specs.PROJECT_NAME)
+    pm.add_hookspecs(specs)
+
+    class Reordered:
+        @hookimpl
+        def hicache_batch_io_v1(self, keys: Sequence[str], buffers: Any, op: IoOp) -> list[bool]:
+            return [op is IoOp.SET and buffers == "b"] * len(keys)
+
+    class InOrder:
+        @hookimpl
+        def hicache_batch_io_v1(self, op: IoOp, keys: Sequence[str], buffers: Any) -> list[bool]:
+            return [True] * len(keys)
+
+    plugin = Reordered()
+    pm.register(plugin)
+    reordered = hook_call(pm, "hicache_batch_io_v1", ("op", "keys", "buffers"))
+    assert reordered(IoOp.SET, ["x"], "b") == pm.hook.hicache_batch_io_v1(
+        op=IoOp.SET, keys=["x"], buffers="b"
+    )
+    assert reordered(IoOp.SET, ["x"], "b") == [True]
+    pm.unregister(plugin)
+    in_order = InOrder()
+    pm.register(in_order)
+    assert hook_call(pm, "hicache_batch_io_v1", ("op", "keys", "buffers")) == in_order.hicache_batch_io_v1
 
 
 def test_none_result_and_exceptions_are_those_of_pluggy() -> None:
@@ -78,26 +104,28 @@ def test_none_result_and_exceptions_are_those_of_pluggy() -> None:
 
     pm.register(Odd())
     direct = hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes"))
-    assert direct(pool_name=PoolName.KV, page_hashes=[]) is None
+    assert direct(PoolName.KV, []) is None
     assert pm.hook.hicache_page_keys(pool_name=PoolName.KV, page_hashes=[]) is None
     with pytest.raises(KeyError, match="boom"):
-        direct(pool_name=PoolName.KV, page_hashes=["x"])
+        direct(PoolName.KV, ["x"])
 
 
 def test_several_implementations_wrappers_or_monitors_go_through_pluggy() -> None:
     pm = PluginManager(specs.PROJECT_NAME)
     pm.add_hookspecs(specs)
-    assert isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), pluggy.HookCaller)
+    assert isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), PluggyCall)
     gen = pm.generation
     pm.register(_Keys())
     assert pm.generation > gen
-    assert not isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), pluggy.HookCaller)
+    assert not isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), PluggyCall)
     undo = pm.add_hookcall_monitoring(lambda *a: None, lambda *a: None)
-    assert isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), pluggy.HookCaller)
+    assert isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), PluggyCall)
     undo()
-    assert not isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), pluggy.HookCaller)
+    assert not isinstance(hook_call(pm, "hicache_page_keys", ("pool_name", "page_hashes")), PluggyCall)
     pm.register(_Wrapper())
-    assert isinstance(hook_call(pm, "hicache_batch_io_v1", ("op", "keys", "buffers")), pluggy.HookCaller)
+    through = hook_call(pm, "hicache_batch_io_v1", ("op", "keys", "buffers"))
+    assert isinstance(through, PluggyCall)
+    assert through(IoOp.EXISTS, ["a"], None) is None  # the wrapper around no implementation
 
 
 def test_store_follows_plugins_registered_after_opening() -> None:
@@ -125,6 +153,6 @@ def test_store_follows_plugins_registered_after_opening() -> None:
 def test_backend_exception_still_becomes_a_typed_error() -> None:
     cfg = StorageConfig(backend="memory", model_name="hookcall", options={"raise_on": ["exists"]})
     with open_store(cfg) as store:
-        assert not isinstance(store._hooks["hicache_batch_io_v1"], pluggy.HookCaller)  # the direct path
+        assert not isinstance(store._hooks["hicache_batch_io_v1"], PluggyCall)  # the direct path
         with pytest.raises(BackendIOError, match="hicache_batch_io_v1 raised"):
             store.batch_io_v1(IoOp.EXISTS, ["a"])
