@@ -9,8 +9,9 @@ installed, on a master this benchmark starts on loopback) and each (batch size B
   of B pages, submitted with ``backup_async`` (fresh keys), then ``prefetch_async``, so up to T
   batches are in flight;
 * GB/s of each phase, and of both together (bytes moved twice / total time); each point is
-  measured several times (3 in ``--quick`` over 256 pages, 2 in the full run over 1024 pages)
-  and keeps the best of each figure (the machine is shared).
+  measured several times (3 in ``--quick`` over 256 pages, 2 in the full run over 1024 pages),
+  in rounds over the whole grid so that the file system's and the machine's drifts hit every
+  point alike, and keeps the best of each figure (the machine is shared).
 
 All file configurations share one root (a warm, long-running store: each uses its own model
 namespace). The headline ``scaling_default_vs_best`` is, per backend, the combined throughput at
@@ -118,14 +119,28 @@ def measure(backend: str, options: dict[str, Any], pages: int, batch: int, threa
     }
 
 
-def best_of(reps: int, *args: Any) -> dict[str, Any]:
-    """:func:`measure` ``reps`` times (fresh keys each); the best of each figure."""
-    runs = [measure(*args) for _ in range(reps)]
-    best = dict(runs[0])
-    for key in ("backup_gbps", "prefetch_gbps", "combined_gbps"):
-        best[key] = max(r[key] for r in runs)
-    best["reps"] = reps
-    return best
+def sweep(
+    reps: int, backend: str, options: dict[str, Any], pages: int, grid: list[tuple[int, int]]
+) -> list[dict[str, Any]]:
+    """:func:`measure` every (batch, threads) point ``reps`` times; per point, the best of each figure.
+
+    The repetitions are rounds over the whole grid (every other round in reverse order), not
+    ``reps`` runs of one point after another: on this machine's ext4, file creation speeds up
+    and slows down several-fold within a minute (see ``benchmarks/README.md``), and a point
+    measured only while it was slow would look like a bad configuration.
+    """
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {point: [] for point in grid}
+    for rep in range(reps):
+        for batch, threads in grid if rep % 2 == 0 else grid[::-1]:
+            runs[(batch, threads)].append(measure(backend, options, pages, batch, threads))
+    out = []
+    for point in grid:
+        best = dict(runs[point][0])
+        for key in ("backup_gbps", "prefetch_gbps", "combined_gbps"):
+            best[key] = max(r[key] for r in runs[point])
+        best["reps"] = reps
+        out.append(best)
+    return out
 
 
 @contextlib.contextmanager
@@ -175,7 +190,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     headline: dict[str, float] = {}
     for backend, options_cm in available_backends().items():
         with options_cm() as options:
-            mine = [best_of(reps, backend, options, pages, b, t) for b in batches for t in threads]
+            mine = sweep(reps, backend, options, pages, [(b, t) for b in batches for t in threads])
         points += mine
         best = max(p["combined_gbps"] for p in mine)
         default = next(
