@@ -6,15 +6,17 @@ call, which issues the syscalls with the GIL released on ``io_threads`` threads 
 (each takes the next unclaimed page), and accounts every result exactly like the pure-Python
 path in ``_backend``. Building every item first and then letting C threads move them matters
 for small pages: Python threads preparing their own ranges would take turns on the GIL, and
-its switch interval (5 ms) is as long as a whole batch of 16 KiB pages. When the extension found XXH3 in python-xxhash's extension module
-(``_fastio.HAVE_XXH3``, checked against ``xxhash`` at import), :func:`_fastio.publish_batch_xxh3`
-also checksums each payload right before writing it, and :func:`_fastio.read_verify_batch`
-checks each page read against its expected header and checksum, all without the GIL:
-python-xxhash holds the GIL, so two I/O threads would checksum one after the other, and the
-per-page verification loop in Python cost ~3 us per page. Without it, ``publish_batch`` and
-``read_batch`` move the bytes and Python checksums and verifies. Any read that does not verify
-is handed back to the pure-Python path, which re-reads, classifies and quarantines it, so
-corruption handling lives in one place.
+its switch interval (5 ms) is as long as a whole batch of 16 KiB pages.
+
+When the extension found XXH3 in python-xxhash's extension module (``_fastio.HAVE_XXH3``,
+checked against ``xxhash`` at import), :func:`_fastio.publish_batch_xxh3` also checksums each
+payload right before writing it, and :func:`_fastio.read_verify_batch` checks each page read
+against its expected header and checksum, all without the GIL: python-xxhash holds the GIL,
+so I/O threads would checksum one after the other, and the per-page verification loop in
+Python cost ~3 us per page. Without it, ``publish_batch`` and ``read_batch`` move the bytes
+and Python checksums and verifies. Any read that does not verify is handed back to the
+pure-Python path, which re-reads, classifies and quarantines it, so corruption handling lives
+in one place.
 """
 
 from __future__ import annotations
