@@ -42,7 +42,9 @@ class FileOptions(BaseModel):
     ``fsync``: ``fsync`` each page and its directory before reporting it stored (durable across
     power loss; without it, a crash of the process still never exposes a torn page, and a page
     damaged by power loss is caught by its checksum and read as a miss).
-    ``io_threads``: threads moving one batch in parallel (1 = inline in the caller's thread).
+    ``io_threads``: threads moving one batch in parallel, the caller's included (1 = inline in
+    the caller's thread). The C engine starts them for each batch and joins them before it
+    returns; the Python engine keeps a pool until ``close``.
     ``parallel_min_bytes``: batches with fewer payload bytes run inline, where a thread
     hand-off costs more than it saves.
     ``temp_max_age_s``: temp files of killed writers (``publish="rename"`` only) older than this
@@ -52,11 +54,11 @@ class FileOptions(BaseModel):
     inode and links it (Linux; nothing is left behind by a killed writer, one directory
     operation per page), ``"rename"`` writes a named temp file and renames it (portable),
     ``"auto"`` (default) probes the root at open and uses ``tmpfile`` when it works.
-    ``native_io``: move each range of a batch with the ``hicache_file._fastio`` C extension,
-    which issues the page syscalls with the GIL released so the ``io_threads`` really overlap
-    (reads always; writes when ``publish`` resolves to ``tmpfile`` and ``fsync`` is off, since an
-    fsync per page costs far more than the GIL). Ignored when the extension
-    was not built; ``False`` forces the pure-Python path. Same files, same results either way.
+    ``native_io``: move each batch with the ``hicache_file._fastio`` C extension, which issues
+    the page syscalls on ``io_threads`` threads with the GIL released (reads always; writes
+    when ``publish`` resolves to ``tmpfile`` and ``fsync`` is off, since an fsync per page costs
+    far more than the GIL). Ignored when the extension was not built; ``False`` forces the
+    pure-Python path. Same files, same results either way.
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
