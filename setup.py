@@ -57,6 +57,9 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("hicache_core._pagehash", ["hicache_core/_pagehash.c"])],
+    ext_modules=[
+        Extension("hicache_core._pagehash", ["hicache_core/_pagehash.c"]),
+        Extension("hicache_core._batchops", ["hicache_core/_batchops.c"]),
+    ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -15,14 +15,16 @@ and page size, one MLA-style KV pool (one object per page) is attached through t
 
 A third variant times the plugin's v2 hook alone (``Store.batch_io_v2`` SET then GET, keys
 resolved beforehand) to separate the plugin's own cost from the CacheController's (existence
-checks, planning, key building). Bytes are verified after every timed prefetch / get. GB/s = 1e9 bytes per second; the combined
-figure is ``2 * bytes / (t_write + t_read)``. Every repetition times the variants back to back,
-in alternating order; the ratio is the median over repetitions of that repetition's
-raw time / plugin time (a paired estimate: the load drifts of a shared machine hit both sides of
-a pair alike, and the median ignores the outlier repetitions). The tables' GB/s are the best
-(minimum-time) repetition of each step, and ``ratio_best`` / ``ratio_median`` report the ratio of
-those bests and of the per-variant medians for comparison. The headline
-ratio is the worst case over page sizes >= 256 KiB (target 0.95); 16 KiB is reported too.
+checks, planning, key building). Bytes are verified after every timed prefetch / get.
+
+GB/s = 1e9 bytes per second; the combined figure is ``2 * bytes / (t_write + t_read)``. Every
+repetition times the variants back to back: plugin and raw adjacent, in alternating order, and
+the hooks variant at one end. The ratio is the median over repetitions of that repetition's
+raw time / plugin time (a paired estimate: the load drifts of a shared machine hit both sides
+of a pair alike, and the median ignores the outlier repetitions). The tables' GB/s are the best
+(minimum-time) repetition of each step, and ``ratio_best`` / ``ratio_median`` report the ratio
+of those bests and of the per-variant medians for comparison. The headline ratio is the worst
+case over page sizes >= 256 KiB (target 0.95); 16 KiB is reported too.
 
 Usage: ``python benchmarks/bench_mooncake.py [--quick] [--json]``. It starts (and stops) its own
 ``mooncake_master`` and ``mooncake_client`` on free loopback ports.
@@ -151,7 +153,9 @@ def _bench_case(
             raw.remove_all(True)
         results: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}
         for rep in range(reps):
-            order = list(runs) if rep % 2 == 0 else list(reversed(runs))  # cancel order effects
+            # plugin and raw always back to back (the pair the headline ratio compares), in
+            # alternating order to cancel order effects; the diagnostic hooks variant at an end
+            order = ["plugin", "raw", "hooks"] if rep % 2 == 0 else ["hooks", "raw", "plugin"]
             for name in order:
                 results[name].append(runs[name]())
                 raw.remove_all(True)
@@ -202,11 +206,12 @@ def run(quick: bool) -> dict[str, Any]:
     torch.set_num_threads(1)
     logging.getLogger("hicache").setLevel(logging.ERROR)
     total = 64 * MIB if quick else 256 * MIB
-    # Per-rep ratios spread 0.6-1.35 on this shared VM (interquartile range ~0.2): the median of
-    # 41 reps still moved by +-0.04 between runs, so the headline (>= 256 KiB) cases of a quick
-    # run take 101 reps (~25 s more); 16 KiB is reported only, and a full rep moves 4x the bytes.
+    # Per-rep ratios spread 0.6-1.35 on this shared VM (interquartile range ~0.16, raw against
+    # raw alike): the median of 101 reps still moved by +-0.02 between runs, so the headline
+    # (>= 256 KiB) cases of a quick run take 201 reps (~30 s more per mode); 16 KiB is reported
+    # only, and a full rep moves 4x the bytes.
     reps_small = 41
-    reps_big = 101 if quick else 41
+    reps_big = 201 if quick else 41
     pages = [16 * KIB, 256 * KIB] if quick else [16 * KIB, 256 * KIB, 2 * MIB]
     chunk = 1024
     cases: list[dict[str, Any]] = []

@@ -18,6 +18,7 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Any, TypeVar
 
 from . import _one_batch
+from ._batch import NATIVE
 from ._config import StorageConfig
 from ._errors import BackendTimeoutError, BatchShapeError, ConfigError, HiCacheError, PoolError
 from ._keys import ValidHashes
@@ -192,12 +193,22 @@ class CacheController:
         check_count(idx, n)
         return idx
 
-    def _kv_index_tuple(self, host_indices: IndexLike, n: int) -> tuple[int, ...]:
-        """``_kv_indices`` as a tuple (what a ``PoolTransfer`` holds), for the one-batch path."""
-        idx = self._anchor._index_tuple(host_indices)
-        if len(idx) != n:
-            check_count(list(idx), n)  # raises
-        return idx
+    def _one_batch_args(
+        self, page_hashes: Sequence[str], host_indices: IndexLike
+    ) -> tuple[ValidHashes, tuple[int, ...]] | None:
+        """The checked hashes and KV host indices (a tuple, as a ``PoolTransfer`` holds them) of
+        a request that fits one batch; ``None`` for the general path. Bad input raises."""
+        kind = type(page_hashes)
+        listed = tuple(page_hashes) if kind is list or kind is tuple else self._check_hashes(page_hashes)
+        n = len(listed)
+        if not 0 < n <= self._batch_pages:
+            return None
+        idx = NATIVE.index_tuple(host_indices, self._anchor.num_pages) if NATIVE is not None else None
+        if idx is None or len(idx) != n:  # anything but a list / tuple of valid ints (errors too)
+            idx = self._anchor._index_tuple(host_indices)
+            if len(idx) != n:
+                check_count(list(idx), n)  # raises
+        return ValidHashes(listed), idx
 
     def _chunks(self, n: int) -> list[tuple[int, int]]:
         return chunks(n, self.settings.batch_pages)
@@ -293,16 +304,10 @@ class CacheController:
         trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
         """
         if self._one_batch_backup and not extra:
-            listed = self._check_hashes(page_hashes)
-            if 0 < len(listed) <= self._batch_pages:
-                idx = self._kv_index_tuple(host_indices, len(listed))
+            args = self._one_batch_args(page_hashes, host_indices)
+            if args is not None:
                 return _one_batch.backup(
-                    self.store,
-                    ValidHashes(listed),
-                    idx,
-                    self._kv_policy,
-                    self._set_skips_existing,
-                    self._failed,
+                    self.store, *args, self._kv_policy, self._set_skips_existing, self._failed
                 )
         return self._prepare("backup", page_hashes, host_indices, extra)()
 
@@ -331,12 +336,9 @@ class CacheController:
         ``result.pages``.
         """
         if self._one_batch and not extra:
-            listed = self._check_hashes(page_hashes)
-            if 0 < len(listed) <= self._batch_pages:
-                idx = self._kv_index_tuple(host_indices, len(listed))
-                return _one_batch.prefetch(
-                    self.store, ValidHashes(listed), idx, self._kv_policy, self._failed
-                )
+            args = self._one_batch_args(page_hashes, host_indices)
+            if args is not None:
+                return _one_batch.prefetch(self.store, *args, self._kv_policy, self._failed)
         return self._prepare("prefetch", page_hashes, host_indices, extra)()
 
     def prefetch_async(

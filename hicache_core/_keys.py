@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from ._batch import NATIVE
 from ._errors import KeyFormatError, PoolError
 from ._types import PoolName
 from .hookspecs import hookimpl
@@ -61,7 +62,7 @@ def check_page_hashes(page_hashes: Sequence[str]) -> None:
 
 
 def _check_all(page_hashes: Sequence[str]) -> None:
-    if not page_hashes:
+    if not page_hashes or (NATIVE is not None and NATIVE.valid_hashes(page_hashes)):
         return
     try:
         joined = "\n".join(page_hashes)
@@ -117,8 +118,9 @@ class ValidHashes(tuple[str, ...]):
     def __new__(cls, page_hashes: Iterable[str] = ()) -> ValidHashes:
         # An immutable copy is what gets checked and kept (an exact tuple is immutable already).
         items = page_hashes if type(page_hashes) is tuple else tuple(page_hashes)
-        _check_all(items)
-        return super().__new__(cls, items)
+        if NATIVE is None or not NATIVE.valid_hashes(items):  # one C pass for the usual batch
+            _check_all(items)
+        return tuple.__new__(cls, items)
 
     def pick(self, positions: Iterable[int]) -> ValidHashes:
         """The hashes at ``positions``, in that order (taken from valid hashes: not checked again)."""
@@ -222,13 +224,13 @@ class DefaultPageKeys:
 
     def __init__(self, config: _KeyConfig) -> None:
         self.scheme = KeyScheme(config)
-        self._pools: dict[PoolName, tuple[list[str], bool]] = {}
+        self._pools: dict[PoolName, tuple[tuple[str, ...], bool]] = {}
 
     @hookimpl
     def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
         name = PoolName(pool_name)
         self._pools[name] = (
-            self.scheme.prefixes(name, pool.components, pool.rank_replicated),
+            tuple(self.scheme.prefixes(name, pool.components, pool.rank_replicated)),
             pool.rank_replicated,
         )
 
@@ -242,8 +244,15 @@ class DefaultPageKeys:
                 f"{[p.value for p in self._pools]}. Attach it through CacheController (or "
                 "store.register_pool) before doing I/O on it"
             ) from None
-        items = _snapshot(page_hashes)
-        check_page_hashes(items)
+        if type(page_hashes) is ValidHashes:  # checked when built: the controller's batches
+            items: Sequence[str] = page_hashes
+        else:
+            items = _snapshot(page_hashes)
+            check_page_hashes(items)
+        if NATIVE is not None:
+            keys = NATIVE.page_keys(prefixes, items)
+            if keys is not None:
+                return keys
         if len(prefixes) == 1:
             p0 = prefixes[0]
             return [(p0 + h,) for h in items]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ._batch import NATIVE
 from ._errors import BatchShapeError, PoolError
 from ._types import HitPolicy, Layout
 
@@ -213,6 +214,10 @@ class HostPool:
 
     def _index_tuple(self, indices: Iterable[int]) -> tuple[int, ...]:
         """``tuple(self.check_indices(indices))``, in one copy for a list or tuple of valid ints."""
+        if NATIVE is not None:
+            out = NATIVE.index_tuple(indices, self.num_pages)
+            if out:
+                return out
         kind = type(indices)
         if kind is list or kind is tuple:
             out = tuple(indices)  # check the copy: what is returned is what was checked

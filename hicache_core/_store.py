@@ -15,6 +15,7 @@ import pluggy
 from pydantic import BaseModel, ValidationError
 
 from . import hookspecs
+from ._batch import NATIVE
 from ._config import StorageConfig, format_validation_error
 from ._errors import (
     BackendContractError,
@@ -235,7 +236,14 @@ class Store:
         ``int`` host indices as long as ``hashes``, a ``HitPolicy``. The keys are checked like
         ``page_keys``'s and made a tuple per page.
         """
-        result = self._run_hook("hicache_page_keys", pool_name, hashes)
+        if self.pm.generation != self._hooks_generation:  # _run_hook, inlined for the hot path
+            self._resolve_hooks()
+        try:
+            result = self._hooks["hicache_page_keys"](pool_name, hashes)
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise self._hook_error("hicache_page_keys", err) from err
         if result is None or len(result) != len(hashes):
             raise self._keys_count_error(result, len(hashes))
         default = self._hooks["hicache_page_keys"] is self._default_keys_hook  # tuples already
@@ -291,11 +299,22 @@ class Store:
         ``op`` is an :class:`IoOp`, ``transfer`` a :class:`PoolTransfer` of a registered pool,
         and the backend implements v2. The result is checked like ``batch_io_v2``'s.
         """
-        result = self._run_hook("hicache_batch_io_v2", op, [transfer])
+        if self.pm.generation != self._hooks_generation:  # _run_hook, inlined for the hot path
+            self._resolve_hooks()
+        try:
+            result = self._hooks["hicache_batch_io_v2"](op, [transfer])
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise self._hook_error("hicache_batch_io_v2", err) from err
         if result is None or len(result) != 1:
             raise self._io_v2_count_error(result, 1)
         flags = result[0]
         n = len(transfer.page_hashes)
+        if NATIVE is not None:
+            copied = NATIVE.bool_flags(flags, n)
+            if copied is not None:
+                return copied  # never the backend's own list object
         if type(flags) is list and len(flags) == n and countOf(map(type, flags), bool) == n:
             return flags[:]  # never the backend's own list object
         return list(self._check_flags("hicache_batch_io_v2", flags, n))
@@ -326,7 +345,10 @@ class Store:
         except HiCacheError:
             raise
         except Exception as err:
-            raise BackendIOError(f"backend {self.name!r}: {name} raised {type(err).__name__}: {err}") from err
+            raise self._hook_error(name, err) from err
+
+    def _hook_error(self, name: str, err: Exception) -> BackendIOError:
+        return BackendIOError(f"backend {self.name!r}: {name} raised {type(err).__name__}: {err}")
 
     def _check_flags(self, hook: str, result: Any, n: int) -> list[bool]:
         if result is None or not isinstance(result, (list, tuple)):

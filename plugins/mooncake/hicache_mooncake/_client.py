@@ -14,6 +14,8 @@ import logging
 import re
 import threading
 from collections.abc import Callable, Sequence
+from itertools import repeat
+from operator import eq
 from typing import Any
 
 from hicache_core import BackendIOError
@@ -33,8 +35,15 @@ DOWN_CODES = frozenset({RPC_FAIL, -1})
 INFLIGHT_WAIT_S = 60.0  # bound on waiting for another thread's put of the same key
 
 
-def _pick(values: list[Any], sel: list[int] | None) -> list[Any]:
-    return values if sel is None else [values[i] for i in sel]
+def _pick(values: Sequence[Any], sel: list[int] | None) -> list[Any]:
+    """``values`` as a list, or only its items at positions ``sel``."""
+    if sel is None:
+        return values if type(values) is list else list(values)
+    return [values[i] for i in sel]
+
+
+def _listed(values: Sequence[Any]) -> list[Any]:
+    return values if type(values) is list else list(values)
 
 
 class StoreLink:
@@ -94,21 +103,38 @@ class StoreLink:
         return self.conn.alloc_shared(nbytes, self._tag + owner, sizes_mapping=sizes_mapping)
 
     # ------------------------------------------------------------ batch calls
+    def _one_call(self, n: int) -> bool:
+        """Whether ``n`` keys go in one call right away: the usual batch, on a healthy connection."""
+        return 0 < n <= self.options.max_keys_per_call and self.gate.down_since is None and self.conn.ready
+
+    def _answer(self, codes: Sequence[int], n: int, what: str) -> list[int]:
+        """Check one call's codes (one per key) and track the service's health from them."""
+        if len(codes) != n:
+            raise BackendIOError(f"mooncake: {what} returned {len(codes)} results for {n} keys")
+        if codes[0] in DOWN_CODES and all(c in DOWN_CODES for c in codes):
+            self.gate.mark_down(f"{what} failed with {sorted(set(codes))}")
+        elif self.gate.down_since is not None:
+            self.gate.mark_up()
+        return codes if type(codes) is list else list(codes)
+
     def _run(self, n: int, call: Callable[[int, int], Sequence[int]], what: str) -> list[int]:
         """Run ``call(start, stop)`` over chunks of at most ``max_keys_per_call`` keys.
 
         Returns one code per key; keys never sent (outage) get ``RPC_FAIL``.
         """
-        codes = [RPC_FAIL] * n
-        if n == 0 or self.gate.reachable() is not None:
-            return codes
+        gate = self.gate
+        if n == 0 or (gate.down_since is not None and gate.reachable() is not None):
+            return [RPC_FAIL] * n
         if not self.conn.ready:  # standalone, no pool allocated through the store: connect now
             try:
                 self.conn.ensure_setup()
             except BackendIOError as err:  # BackendTimeoutError included
                 log.warning("hicache mooncake: %s failed: %s", what, err)
-                return codes
+                return [RPC_FAIL] * n
         step = self.options.max_keys_per_call
+        if n <= step:
+            return self._answer(call(0, n), n, what)
+        codes = [RPC_FAIL] * n
         for start in range(0, n, step):
             stop = min(n, start + step)
             part = call(start, stop)
@@ -116,81 +142,73 @@ class StoreLink:
                 raise BackendIOError(f"mooncake: {what} returned {len(part)} results for {stop - start} keys")
             codes[start:stop] = part
             if part[0] in DOWN_CODES and all(c in DOWN_CODES for c in part):
-                self.gate.mark_down(f"{what} failed with {sorted(set(part))}")
+                gate.mark_down(f"{what} failed with {sorted(set(part))}")
                 return codes
-        self.gate.mark_up()
+        gate.mark_up()
         return codes
 
     def exists(self, keys: Sequence[str]) -> list[bool]:
-        keys = list(keys)
+        keys = _listed(keys)
         codes = self._run(len(keys), lambda a, b: self.store.batch_is_exist(keys[a:b]), "batch_is_exist")
-        return [c == 1 for c in codes]
+        return list(map(eq, codes, repeat(1)))
 
     def put(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[bool]:
         """Publish each ``(ptr, size)`` under its key. With ``overwrite`` existing keys are replaced."""
-        keys, ptrs, sizes = list(keys), list(ptrs), list(sizes)
         fn = self.store.batch_upsert_from if self.options.overwrite else self.store.batch_put_from
-        return self._claimed(
-            keys, lambda ks, sel: self._put_codes(fn, ks, _pick(ptrs, sel), _pick(sizes, sel))
-        )
+        return self._put(fn, _listed(keys), ptrs, sizes)
 
-    def _put_codes(self, fn: Any, keys: list[str], ptrs: list[Any], sizes: list[Any]) -> list[bool]:
-        codes = self._run(len(keys), lambda a, b: fn(keys[a:b], ptrs[a:b], sizes[a:b], self._cfg), "put")
-        return [c == 0 for c in codes]
-
-    def _claimed(
-        self, keys: list[str], put: Callable[[list[str], list[int] | None], list[bool]]
-    ) -> list[bool]:
-        """Run ``put`` on the keys no other thread of this process is putting right now.
+    def _put(self, fn: Any, keys: list[str], ptrs: Sequence[Any], sizes: Sequence[Any]) -> list[bool]:
+        """Put through ``fn`` the keys no other thread of this process is putting right now.
 
         Mooncake answers a put of a key whose first put is still in flight with 0 at once,
         although the object is not readable yet. Such keys are not sent again: this call waits
         for the other put to finish and then reports whether the object exists.
         """
-        conn, done = self.conn, threading.Event()
-        keyset = set(keys)
-        sel: list[int] | None = None
-        mine = keys
-        with conn.inflight_lock:
-            others = [(ks, ev) for ks, ev in conn.inflight if not ks.isdisjoint(keyset)]
-            busy: set[str] = set().union(*(ks & keyset for ks, _ in others))
-            if busy:
-                sel = [i for i, k in enumerate(keys) if k not in busy]
-                mine = [keys[i] for i in sel]
-                keyset -= busy
-            entry = (keyset, done)
-            conn.inflight.append(entry)
+        inflight = self.conn.inflight
+        claim = inflight.claim(keys)
+        n = len(claim.keys)
         try:
-            flags = put(mine, sel)
+            if claim.sent is None and self._one_call(n):  # the usual put: one call, no list copies
+                return list(
+                    map(
+                        eq,
+                        self._answer(fn(keys, _listed(ptrs), _listed(sizes), self._cfg), n, "put"),
+                        repeat(0),
+                    )
+                )
+            ks = claim.keys
+            ps, ss = _pick(ptrs, claim.sent), _pick(sizes, claim.sent)
+            codes = self._run(n, lambda a, b: fn(ks[a:b], ps[a:b], ss[a:b], self._cfg), "put")
         finally:
-            with conn.inflight_lock:
-                conn.inflight[:] = [e for e in conn.inflight if e is not entry]
-            done.set()
-        if sel is None:
+            inflight.release(claim)
+        flags = list(map(eq, codes, repeat(0)))
+        if claim.sent is None:
             return flags
-        picked: list[int] = sel
         out = [False] * len(keys)
-        for i, ok in zip(picked, flags):
+        for i, ok in zip(claim.sent, flags):
             out[i] = ok
-        for _, ev in others:
-            ev.wait(timeout=INFLIGHT_WAIT_S)
-        rest = [i for i, k in enumerate(keys) if k in busy]
-        for i, ok in zip(rest, self.exists([keys[i] for i in rest])):
+        inflight.wait_others(claim, INFLIGHT_WAIT_S)
+        busy = claim.busy
+        for i, ok in zip(busy, self.exists([keys[i] for i in busy])):
             out[i] = ok
         return out
 
     def get(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[bool]:
         """Read each object into ``(ptr, size)``; True only when exactly ``size`` bytes arrived."""
-        keys, ptrs, sizes = list(keys), list(ptrs), list(sizes)
+        keys, ptrs, sizes = _listed(keys), _listed(ptrs), _listed(sizes)
         fn = self.store.batch_get_into
-        codes = self._run(len(keys), lambda a, b: fn(keys[a:b], ptrs[a:b], sizes[a:b]), "batch_get_into")
+        n = len(keys)
+        if self._one_call(n):  # the usual read: one call, no list copies
+            codes = self._answer(fn(keys, ptrs, sizes), n, "batch_get_into")
+        else:
+            codes = self._run(n, lambda a, b: fn(keys[a:b], ptrs[a:b], sizes[a:b]), "batch_get_into")
         return self._read_flags(keys, codes, sizes)
 
     def _read_flags(self, keys: list[str], codes: list[int], sizes: Sequence[int]) -> list[bool]:
         """True where exactly the expected bytes arrived; corrupt objects are handled on the way."""
         if CHECKSUM_MISMATCH in codes:
             self._corrupt([k for k, c in zip(keys, codes) if c == CHECKSUM_MISMATCH])
-        return [c == s for c, s in zip(codes, sizes)]
+        return list(map(eq, codes, sizes))
 
     def _corrupt(self, keys: list[str]) -> None:
         """Count, log and force-remove objects that failed their checksum."""
@@ -226,11 +244,7 @@ class StoreLink:
         self, keys: Sequence[str], ptrs: Sequence[list[int]], sizes: Sequence[list[int]]
     ) -> list[bool]:
         """Publish objects assembled from several ranges each (strided page views)."""
-        fn = self.store.batch_put_from_multi_buffers
-        return self._claimed(
-            list(keys),
-            lambda ks, sel: self._put_codes(fn, ks, _pick(list(ptrs), sel), _pick(list(sizes), sel)),
-        )
+        return self._put(self.store.batch_put_from_multi_buffers, _listed(keys), ptrs, sizes)
 
     def get_ranges(
         self, keys: Sequence[str], ptrs: Sequence[list[int]], sizes: Sequence[list[int]]

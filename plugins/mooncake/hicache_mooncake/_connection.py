@@ -47,6 +47,7 @@ from typing import Any
 
 from hicache_core import BackendIOError, BackendTimeoutError, BackendUnavailableError
 
+from ._inflight import InflightPuts
 from ._options import CHECKSUM_ENV, MooncakeOptions, checksum_enabled, resolve_device
 
 __all__ = [
@@ -272,9 +273,8 @@ class Connection:
         self._regions: list[Region] = []
         self._starts: list[int] = []
         self._lock = threading.Lock()
-        # the key sets this process is putting right now, each with an event set when done
-        self.inflight: list[tuple[set[str], threading.Event]] = []
-        self.inflight_lock = threading.Lock()
+        self.inflight = InflightPuts()
+        """The keys this process is putting right now through this connection."""
 
     # ------------------------------------------------------------------ setup
     def _connect(self, tp_rank: int, ranks: int) -> Any:

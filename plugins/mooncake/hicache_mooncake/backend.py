@@ -29,7 +29,8 @@ import logging
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
+from operator import add, mul
 from typing import TYPE_CHECKING, Any
 
 from hicache_core import (
@@ -190,9 +191,14 @@ class MooncakeBackend:
 
     @hookimpl
     def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
-        op = IoOp(op)
+        if type(op) is not IoOp:
+            op = IoOp(op)
         if not transfers:
             return []
+        if len(transfers) == 1 and op is not IoOp.EXISTS:  # the controller's usual call
+            p = self._pools.get(transfers[0].pool)
+            if p is not None and p.direct and len(p.metas) == 1:
+                return [self._direct_one(op, transfers[0], p)]
         pools = [self._pool(t.pool) for t in transfers]
         flat_keys: list[list[str]] = []
         for t, p in zip(transfers, pools):
@@ -239,6 +245,29 @@ class MooncakeBackend:
                 part = self._v1(op, k, views)
             out.append(self._group(part, len(p.pool.components)))
         return out
+
+    def _direct_one(self, op: IoOp, t: PoolTransfer, p: _Pool) -> list[bool]:
+        """SET / GET of one transfer of a zero-copy pool with one component: one store call.
+
+        What the general path does for it, with the addresses computed in C-level loops: right
+        after a transfer of megabytes the CPU caches are cold, and every Python step counts.
+        """
+        keys = list(chain.from_iterable(t.keys))
+        hi = t.host_indices
+        n = len(hi)
+        if len(keys) != n:
+            raise BatchShapeError(
+                f"mooncake: transfer for pool {t.pool.value!r} carries {len(t.keys)} key tuples with "
+                f"{len(keys)} keys for {n} pages of 1 component; resolve keys with store.page_keys() "
+                "(CacheController does)"
+            )
+        if not n:
+            return []
+        if min(hi) < 0 or max(hi) >= p.pool.num_pages:
+            p.pool.check_indices(hi)  # raises BatchShapeError naming the bad index
+        ((base, stride, size),) = p.metas
+        ptrs = list(map(add, repeat(base, n), map(mul, hi, repeat(stride, n))))
+        return (self.link.put if op is IoOp.SET else self.link.get)(keys, ptrs, [size] * n)
 
     def _per_page(self, flags: list[bool], pools: list[_Pool], counts: list[int]) -> list[list[bool]]:
         out, off = [], 0

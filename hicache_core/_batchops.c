@@ -1,0 +1,180 @@
+/*
+ * hicache_core._batchops: one-pass checks and builders for the controller's per-batch hot path
+ * (see hicache_core/_batch.py, which holds the pure-Python twins of these functions).
+ *
+ * Right after a batch has moved megabytes the CPU caches are cold, and each pass the interpreter
+ * makes over a batch costs tens of microseconds; each function here makes one. Each answers
+ * only the usual case and returns None (or False) for anything else, so that the Python
+ * caller falls back to its exact checks, which raise the typed error.
+ *
+ * valid_hashes(seq) -> bool
+ *   seq is an exact list/tuple of exact str page hashes: 1-128 characters from [A-Za-z0-9_-],
+ *   the first one from [A-Za-z0-9].
+ * index_tuple(seq, limit) -> tuple | None
+ *   seq is an exact list/tuple of exact ints in [0, limit): those ints as a tuple (seq itself if
+ *   it is a tuple).
+ * page_keys(prefixes, hashes) -> list[tuple[str, ...]] | None
+ *   [tuple(p + h for p in prefixes) for h in hashes] when prefixes is a tuple of ASCII str and
+ *   hashes a list or tuple (a tuple subclass read as a tuple: callers pass only ValidHashes) of
+ *   ASCII exact str.
+ * bool_flags(obj, n) -> list | None
+ *   obj is an exact list of n exact bools: a copy of it.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+
+#define MAX_HASH_LEN 128
+
+/* 1: [A-Za-z0-9_-]; 2 more when [A-Za-z0-9] (may start a hash) */
+static unsigned char hash_class[256];
+
+static void init_classes(void) {
+    for (int c = 0; c < 256; c++) {
+        int alnum = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
+        hash_class[c] = (unsigned char)(alnum ? 3 : (c == '_' || c == '-') ? 1 : 0);
+    }
+}
+
+static int is_seq(PyObject *obj) { return PyList_CheckExact(obj) || PyTuple_CheckExact(obj); }
+
+/* 1: an exact ASCII str; 0: not one; -1: error set */
+static int exact_ascii(PyObject *s) {
+    if (!PyUnicode_CheckExact(s)) return 0;
+    if (PyUnicode_READY(s) < 0) return -1;
+    return PyUnicode_IS_ASCII(s) ? 1 : 0;
+}
+
+static PyObject *py_valid_hashes(PyObject *self, PyObject *seq) {
+    (void)self;
+    if (!is_seq(seq)) Py_RETURN_FALSE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *h = items[i];
+        if (!PyUnicode_CheckExact(h)) Py_RETURN_FALSE;
+        if (PyUnicode_READY(h) < 0) return NULL;
+        if (!PyUnicode_IS_ASCII(h)) Py_RETURN_FALSE;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(h);
+        if (len < 1 || len > MAX_HASH_LEN) Py_RETURN_FALSE;
+        const unsigned char *s = PyUnicode_1BYTE_DATA(h);
+        if (!(hash_class[s[0]] & 2)) Py_RETURN_FALSE;
+        for (Py_ssize_t j = 1; j < len; j++) {
+            if (!hash_class[s[j]]) Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *py_index_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "index_tuple(seq, limit) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *seq = args[0];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (!is_seq(seq)) Py_RETURN_NONE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = items[i];
+        if (!PyLong_CheckExact(v)) Py_RETURN_NONE;
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (overflow || x < 0 || x >= (long long)limit) Py_RETURN_NONE;
+    }
+    if (PyTuple_CheckExact(seq)) return Py_NewRef(seq);
+    return PyList_AsTuple(seq);
+}
+
+/* prefix + h, both ASCII: one allocation and two copies */
+static PyObject *concat_ascii(PyObject *prefix, PyObject *h) {
+    Py_ssize_t lp = PyUnicode_GET_LENGTH(prefix), lh = PyUnicode_GET_LENGTH(h);
+    PyObject *out = PyUnicode_New(lp + lh, 127);
+    if (out == NULL) return NULL;
+    unsigned char *dst = PyUnicode_1BYTE_DATA(out);
+    memcpy(dst, PyUnicode_1BYTE_DATA(prefix), (size_t)lp);
+    memcpy(dst + lp, PyUnicode_1BYTE_DATA(h), (size_t)lh);
+    return out;
+}
+
+static PyObject *py_page_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "page_keys(prefixes, hashes) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *prefixes = args[0], *hashes = args[1];
+    /* tuple subclasses too: the caller passes only ValidHashes, which iterates as a tuple */
+    if (!PyTuple_CheckExact(prefixes) || !(PyList_CheckExact(hashes) || PyTuple_Check(hashes))) Py_RETURN_NONE;
+    Py_ssize_t np = PyTuple_GET_SIZE(prefixes);
+    for (Py_ssize_t j = 0; j < np; j++) {
+        int ok = exact_ascii(PyTuple_GET_ITEM(prefixes, j));
+        if (ok < 0) return NULL;
+        if (!ok) Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(hashes);
+    PyObject **items = PySequence_Fast_ITEMS(hashes);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int ok = exact_ascii(items[i]);
+        if (ok < 0) return NULL;
+        if (!ok) Py_RETURN_NONE;
+    }
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyTuple_New(np);
+        if (row == NULL) goto fail;
+        PyList_SET_ITEM(out, i, row);
+        for (Py_ssize_t j = 0; j < np; j++) {
+            PyObject *key = concat_ascii(PyTuple_GET_ITEM(prefixes, j), items[i]);
+            if (key == NULL) goto fail;
+            PyTuple_SET_ITEM(row, j, key);
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *py_bool_flags(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "bool_flags(obj, n) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *obj = args[0];
+    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) != n) Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyBool_Check(PyList_GET_ITEM(obj, i))) Py_RETURN_NONE;
+    }
+    return PyList_GetSlice(obj, 0, n);
+}
+
+static PyMethodDef methods[] = {
+    {"valid_hashes", py_valid_hashes, METH_O,
+     "valid_hashes(seq) -> bool: an exact list/tuple of valid page hashes (False: check in Python)."},
+    {"index_tuple", (PyCFunction)(void (*)(void))py_index_tuple, METH_FASTCALL,
+     "index_tuple(seq, limit) -> tuple | None: exact ints in [0, limit) as a tuple."},
+    {"page_keys", (PyCFunction)(void (*)(void))py_page_keys, METH_FASTCALL,
+     "page_keys(prefixes, hashes) -> list[tuple[str, ...]] | None: ASCII prefix + hash per page."},
+    {"bool_flags", (PyCFunction)(void (*)(void))py_bool_flags, METH_FASTCALL,
+     "bool_flags(obj, n) -> list | None: a copy of an exact list of n bools."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "hicache_core._batchops",
+    "One-pass batch checks and builders for the controller's hot path (see _batch.py).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__batchops(void) {
+    init_classes();
+    return PyModule_Create(&moduledef);
+}
