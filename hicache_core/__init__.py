@@ -30,7 +30,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ._config import ControllerSettings, PrefetchPolicy, StorageConfig, load_config
     from ._controller import CacheController, DraftOffloadDisabledWarning
     from ._hashing import page_hashes
-    from ._keys import DefaultPageKeys, KeyScheme, check_key, check_page_hash
+    from ._keys import DefaultPageKeys, KeyScheme, check_key, check_keys, check_page_hash
     from ._pool_group import HostPoolGroup
     from ._pools import ComponentSpec, HostPool, IndexerPool, MambaPool, MHAKVPool, MLAKVPool
     from ._prefetch import PrefetchHandle
@@ -52,6 +52,7 @@ _LAZY = {
     "DefaultPageKeys": "_keys",
     "KeyScheme": "_keys",
     "check_key": "_keys",
+    "check_keys": "_keys",
     "check_page_hash": "_keys",
     "HostPoolGroup": "_pool_group",
     "ComponentSpec": "_pools",
@@ -115,6 +116,7 @@ __all__ = [
     "__version__",
     "backend_names",
     "check_key",
+    "check_keys",
     "check_page_hash",
     "find_backends",
     "hookimpl",

@@ -3,7 +3,7 @@
 Right after a batch has moved megabytes the CPU caches are cold, and each pass the interpreter
 makes over a batch then costs tens of microseconds. The extension does in one pass what the
 hot path's Python does in several: validate page hashes, copy and bound-check host indices,
-build page keys, check a backend's flags. Each function answers only the usual case and
+build page keys, check a backend's flags, validate storage keys. Each function answers only the usual case and
 returns ``None`` (``False`` for ``valid_hashes``) for anything else; the caller then runs its
 own Python code, which is the reference for the answer and raises the typed errors.
 ``tests/core/test_batchops.py`` checks the two against each other.
@@ -26,6 +26,10 @@ class BatchOps(Protocol):
     def valid_hashes(self, seq: object, /) -> bool:
         """An exact list/tuple of exact-``str`` valid page hashes (1-128 of ``[A-Za-z0-9_-]``,
         the first alphanumeric); ``False`` means "check in Python"."""
+
+    def valid_keys(self, seq: object, /) -> bool:
+        """An exact list/tuple of exact-``str`` valid storage keys (``check_key``'s rule);
+        ``False`` means "check in Python"."""
 
     def index_tuple(self, seq: object, limit: int, /) -> tuple[int, ...] | None:
         """An exact list/tuple of exact ints in ``[0, limit)`` as a tuple (``seq`` if a tuple)."""

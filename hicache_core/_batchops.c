@@ -10,6 +10,9 @@
  * valid_hashes(seq) -> bool
  *   seq is an exact list/tuple of exact str page hashes: 1-128 characters from [A-Za-z0-9_-],
  *   the first one from [A-Za-z0-9].
+ * valid_keys(seq) -> bool
+ *   seq is an exact list/tuple of exact str storage keys (hicache_core.check_key): 1-255
+ *   characters from [A-Za-z0-9._-], the first one from [A-Za-z0-9], never "..".
  * index_tuple(seq, limit) -> tuple | None
  *   seq is an exact list/tuple of exact ints in [0, limit): those ints as a tuple (seq itself if
  *   it is a tuple).
@@ -25,14 +28,17 @@
 #include <string.h>
 
 #define MAX_HASH_LEN 128
+#define MAX_KEY_LEN 255
 
-/* 1: [A-Za-z0-9_-]; 2 more when [A-Za-z0-9] (may start a hash) */
-static unsigned char hash_class[256];
+/* bit 1: [A-Za-z0-9_-] (in a hash); bit 2: [A-Za-z0-9] (may start a hash or key); bit 4:
+ * [A-Za-z0-9._-] (in a key) */
+static unsigned char char_class[256];
 
 static void init_classes(void) {
     for (int c = 0; c < 256; c++) {
         int alnum = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z');
-        hash_class[c] = (unsigned char)(alnum ? 3 : (c == '_' || c == '-') ? 1 : 0);
+        int mark = c == '_' || c == '-';
+        char_class[c] = (unsigned char)((alnum || mark ? 1 : 0) | (alnum ? 2 : 0) | (alnum || mark || c == '.' ? 4 : 0));
     }
 }
 
@@ -58,9 +64,29 @@ static PyObject *py_valid_hashes(PyObject *self, PyObject *seq) {
         Py_ssize_t len = PyUnicode_GET_LENGTH(h);
         if (len < 1 || len > MAX_HASH_LEN) Py_RETURN_FALSE;
         const unsigned char *s = PyUnicode_1BYTE_DATA(h);
-        if (!(hash_class[s[0]] & 2)) Py_RETURN_FALSE;
+        if (!(char_class[s[0]] & 2)) Py_RETURN_FALSE;
         for (Py_ssize_t j = 1; j < len; j++) {
-            if (!hash_class[s[j]]) Py_RETURN_FALSE;
+            if (!(char_class[s[j]] & 1)) Py_RETURN_FALSE;
+        }
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *py_valid_keys(PyObject *self, PyObject *seq) {
+    (void)self;
+    if (!is_seq(seq)) Py_RETURN_FALSE;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int ok = exact_ascii(items[i]);
+        if (ok < 0) return NULL;
+        if (!ok) Py_RETURN_FALSE;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(items[i]);
+        if (len < 1 || len > MAX_KEY_LEN) Py_RETURN_FALSE;
+        const unsigned char *s = PyUnicode_1BYTE_DATA(items[i]);
+        if (!(char_class[s[0]] & 2)) Py_RETURN_FALSE;
+        for (Py_ssize_t j = 1; j < len; j++) {
+            if (!(char_class[s[j]] & 4) || (s[j] == '.' && s[j - 1] == '.')) Py_RETURN_FALSE;
         }
     }
     Py_RETURN_TRUE;
@@ -159,6 +185,8 @@ static PyObject *py_bool_flags(PyObject *self, PyObject *const *args, Py_ssize_t
 static PyMethodDef methods[] = {
     {"valid_hashes", py_valid_hashes, METH_O,
      "valid_hashes(seq) -> bool: an exact list/tuple of valid page hashes (False: check in Python)."},
+    {"valid_keys", py_valid_keys, METH_O,
+     "valid_keys(seq) -> bool: an exact list/tuple of valid storage keys (False: check in Python)."},
     {"index_tuple", (PyCFunction)(void (*)(void))py_index_tuple, METH_FASTCALL,
      "index_tuple(seq, limit) -> tuple | None: exact ints in [0, limit) as a tuple."},
     {"page_keys", (PyCFunction)(void (*)(void))py_page_keys, METH_FASTCALL,

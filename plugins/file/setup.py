@@ -38,7 +38,12 @@ setup(
     ext_modules=[
         Extension(
             "hicache_file._fastio",
-            ["hicache_file/_fastio.c", "hicache_file/_fastio_page.c", "hicache_file/_fastio_xxh3.c"],
+            [
+                "hicache_file/_fastio.c",
+                "hicache_file/_fastio_format.c",
+                "hicache_file/_fastio_page.c",
+                "hicache_file/_fastio_xxh3.c",
+            ],
             depends=["hicache_file/_fastio.h"],
             extra_compile_args=["-O2", "-pthread"] if sys.platform != "win32" else [],
             extra_link_args=["-pthread"] if sys.platform != "win32" else [],

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hicache_core import KeyFormatError, MHAKVPool, PoolName, _batch, _controller, _keys, _pools, _store
-from hicache_core._keys import DefaultPageKeys, ValidHashes, _check_all
+from hicache_core._keys import DefaultPageKeys, ValidHashes, _check_all, check_key, check_keys
 
 NATIVE = _batch.NATIVE
 needs_native = pytest.mark.skipif(NATIVE is None, reason="hicache_core._batchops is not built")
@@ -193,3 +193,57 @@ class _Cfg:
     pp_size = 1
     attn_cp_rank = 0
     attn_cp_size = 1
+
+
+def _key_cases() -> list[Any]:
+    rng = random.Random(11)
+    key_chars = ALLOWED + "."
+
+    def key(n: int) -> str:
+        out = rng.choice(string.ascii_letters + string.digits)
+        while len(out) < n:
+            c = rng.choice(key_chars)
+            if not (c == "." and out[-1] == "."):
+                out += c
+        return out
+
+    good = [key(rng.randint(1, 255)) for _ in range(50)]
+    cases: list[Any] = [[], (), good, tuple(good), ["a"], ["a" * 255], ["a.b.c"], ["a."], ["0-_.x"]]
+    for bad in [
+        "",
+        "a" * 256,
+        ".a",
+        "-a",
+        "_a",
+        "a..b",
+        "a...",
+        "a/b",
+        "a b",
+        "a\x00",
+        "é",
+        "a\nb",
+        "..",
+        "a\\b",
+    ]:
+        cases += [[*good[:3], bad], (bad,)]
+    cases += [[*good[:2], 5], [None], [b"ab"], [Str("ab")], iter(good), "abc", None]
+    return cases
+
+
+@pytest.mark.parametrize("case", _key_cases(), ids=lambda c: repr(c)[:40])
+def test_check_keys_is_check_key_on_every_key(case: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``check_keys`` accepts and rejects exactly what ``check_key`` per key does, with the
+    extension (when built: ``valid_keys`` must agree too) and without it."""
+    items = list(case) if isinstance(case, Iterator) else case
+
+    def per_key(keys: Any) -> None:
+        for k in keys:
+            check_key(k)
+
+    want = _outcome(per_key, items)
+    if NATIVE is not None and type(items) in (list, tuple):
+        exact = all(type(k) is str for k in items)
+        assert NATIVE.valid_keys(items) is (exact and want[0] == "ok")
+    assert _outcome(check_keys, items) == want
+    _without_native(monkeypatch)
+    assert _outcome(check_keys, items) == want

@@ -238,7 +238,7 @@ def test_native_batches_use_io_threads_until_closed(tmp_path: Path, monkeypatch:
     class Recorder:
         def __getattr__(self, name: str) -> Any:
             real = getattr(fastio, name)
-            if "batch" not in name:
+            if not callable(real) or name in ("xxh3_64", "page_header"):
                 return real
 
             def call(items: Any, threads: int = 1) -> Any:

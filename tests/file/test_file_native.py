@@ -181,7 +181,7 @@ def test_c_checksums_are_active() -> None:
 
 @needs_native
 def test_c_read_verification_matches_the_format(tmp_path: Path) -> None:
-    """``read_verify_batch`` accepts exactly the pages ``_format`` writes, whatever the payload
+    """``read_verify_pages`` accepts exactly the pages ``_format`` writes, whatever the payload
     split, and hands every kind of damage back to Python (code 1) without touching the rest."""
     from hicache_file import _format as fmt
 
@@ -199,7 +199,7 @@ def test_c_read_verification_matches_the_format(tmp_path: Path) -> None:
             damage(data)
         (tmp_path / name).write_bytes(data)
         parts = [bytearray(n) for n in sizes]
-        return (str(tmp_path / name), fmt.encode_header(key, len(payload), 0), parts), payload
+        return (str(tmp_path / name), parts), payload
 
     def flip(at: int) -> Callable[[bytearray], None]:
         def f(b: bytearray) -> None:
@@ -210,8 +210,8 @@ def test_c_read_verification_matches_the_format(tmp_path: Path) -> None:
     good = [
         page(f"g{i}", sizes) for i, sizes in enumerate([[1], [4096], [300, 5000], [1, 2, 3, 70000], [0, 17]])
     ]
-    assert fastio.read_verify_batch([item for item, _ in good]) == [0] * len(good)
-    for (_, _, parts), payload in good:
+    assert fastio.read_verify_pages([item for item, _ in good]) == [0] * len(good)
+    for (_, parts), payload in good:
         assert b"".join(parts) == payload
     hsize = fmt.header_size(2)
     bad = [
@@ -222,19 +222,29 @@ def test_c_read_verification_matches_the_format(tmp_path: Path) -> None:
         page("b4", [64], flip(hsize - 1)),  # padding
         page("b5", [64], lambda b: b.append(0)),  # trailing data
         page("b6", [64], lambda b: b.pop()),  # truncated
+        page("b7", [64], flip(8)),  # payload length field
+        page("b8", [64], flip(6)),  # key length field
     ]
-    missing = (str(tmp_path / "nope"), fmt.encode_header(b"nope", 8, 0), [bytearray(8)])
-    assert fastio.read_verify_batch([item for item, _ in bad] + [missing]) == [1] * len(bad) + [-2]
-    assert fastio.read_verify_batch([]) == []
-    with pytest.raises(ValueError):  # an expected header shorter than the fixed part
-        fastio.read_verify_batch([(str(tmp_path / "g0"), b"short", [bytearray(1)])])
+    other = bytes(range(64))  # a valid page of key "zz", stored under the name "b9"
+    (tmp_path / "b9").write_bytes(fmt.encode_header(b"zz", 64, fmt.checksum([other])) + other)
+    bad.append(((str(tmp_path / "b9"), [bytearray(64)]), b""))
+    missing = (str(tmp_path / "nope"), [bytearray(8)])
+    assert fastio.read_verify_pages([item for item, _ in bad] + [missing]) == [1] * len(bad) + [-2]
+    assert fastio.read_verify_pages([]) == []
+    with pytest.raises(ValueError):  # the path must end with "/<key>"
+        fastio.read_verify_pages([("no-slash", [bytearray(1)])])
+    with pytest.raises(ValueError):
+        fastio.read_verify_pages([(str(tmp_path) + "/", [bytearray(1)])])
+    with pytest.raises(TypeError):
+        fastio.read_verify_pages([(b"/bytes/path", [bytearray(1)])])
     with pytest.raises(BufferError):  # the payload buffers are written into
-        fastio.read_verify_batch([(str(tmp_path / "g0"), good[0][0][1], [b"x"])])
+        fastio.read_verify_pages([(str(tmp_path / "g0"), [b"x"])])
 
 
 @needs_native
 def test_c_write_checksums_equal_the_python_ones(tmp_path: Path) -> None:
-    """``publish_batch_xxh3`` stores ``_format.checksum`` of the payload in header bytes 16..23."""
+    """``publish_pages_xxh3`` writes ``_format``'s header (key from the path, payload length,
+    ``_format.checksum`` of the payload), then the payload, into the path's directory."""
     from hicache_file import _format as fmt
 
     fastio = _native_io._fastio
@@ -248,29 +258,43 @@ def test_c_write_checksums_equal_the_python_ones(tmp_path: Path) -> None:
             torch.randint(0, 256, (n,), dtype=torch.uint8, generator=gen).numpy().tobytes() for n in sizes
         ]
         parts_of.append(parts)
-        key = f"k{i}".encode()
-        header = bytearray(fmt.encode_header(key, sum(sizes), 0))
-        items.append((str(tmp_path) + "/", str(tmp_path / f"k{i}"), [header, *parts], True))
-    assert fastio.publish_batch_xxh3(items) == [0] * len(items)
-    for (_, path, bufs, _), parts in zip(items, parts_of):
+        items.append((str(tmp_path / "sub" / f"ns.k{i}-{'x' * (i * 17)}"), parts, True))
+    (tmp_path / "sub").mkdir()
+    assert fastio.publish_pages_xxh3(items) == [0] * len(items)
+    for (path, _, _), parts in zip(items, parts_of):
         digest = fmt.checksum(parts)
-        assert int.from_bytes(bufs[0][16:24], "little") == digest
         assert Path(path).read_bytes() == fmt.encode_header(
             Path(path).name.encode(), sum(map(len, parts)), digest
         ) + b"".join(parts)
-    # a present page is skipped without hashing: its header is left alone
-    again = bytearray(fmt.encode_header(b"k0", 1, 0))
-    assert fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "k0"), [again, b"x"], True)]) == [
-        1
-    ]
-    assert again[16:24] == bytes(8)
-    with pytest.raises(BufferError):  # the header must be writable
-        fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "r"), [bytes(24), b"x"], True)])
-    with pytest.raises(ValueError):  # too short a header
-        fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "s"), [bytearray(16), b"x"], True)])
+    # a present page is skipped (not rewritten), and reads back as before
+    first = Path(items[0][0]).read_bytes()
+    assert fastio.publish_pages_xxh3([(items[0][0], [b"other"], True)]) == [1]
+    assert Path(items[0][0]).read_bytes() == first
     with pytest.raises(ValueError):  # no payload buffer
-        fastio.publish_batch_xxh3([(str(tmp_path) + "/", str(tmp_path / "t"), [bytearray(24)], True)])
-    assert not any((tmp_path / n).exists() for n in ("r", "s", "t"))
+        fastio.publish_pages_xxh3([(str(tmp_path / "t"), [], True)])
+    with pytest.raises(ValueError):  # the path must end with "/<key>"
+        fastio.publish_pages_xxh3([("no-slash", [b"x"], True)])
+    with pytest.raises(ValueError):
+        fastio.publish_pages_xxh3([(str(tmp_path) + "/", [b"x"], True)])
+    with pytest.raises(ValueError):  # a key longer than the header's 16-bit length field
+        fastio.publish_pages_xxh3([(str(tmp_path / ("k" * 65536)), [b"x"], True)])
+    assert not (tmp_path / "t").exists()
+
+
+@needs_native
+def test_c_page_headers_are_the_format_s() -> None:
+    """The headers C builds for ``*_pages`` are byte for byte ``_format.encode_header``'s."""
+    from hicache_file import _format as fmt
+
+    fastio = _native_io._fastio
+    assert fastio is not None
+    for klen in (1, 2, 39, 40, 41, 103, 104, 255, 1000, 65535):
+        key = bytes((ord("a") + i % 26) for i in range(klen))
+        for n in (0, 1, 16384, 2**32 + 5, 2**64 - 1):
+            assert fastio.page_header(key, n) == fmt.encode_header(key, n, 0)
+    for bad in (b"", b"k" * 65536):
+        with pytest.raises(ValueError):
+            fastio.page_header(bad, 1)
 
 
 @needs_native
@@ -299,36 +323,40 @@ def test_threads_give_the_same_results_as_one(tmp_path: Path) -> None:
     n = 97
     payloads = [torch.randint(0, 256, (100 + 37 * i,), dtype=torch.uint8, generator=gen) for i in range(n)]
 
-    def items(root: Path, sums: bool) -> list[tuple[str, str, list[object], bool]]:
-        out: list[tuple[str, str, list[object], bool]] = []
+    sums = _native_io.checksums_in_c()
+
+    def items(root: Path) -> list[tuple[object, ...]]:
+        out: list[tuple[object, ...]] = []
         for i, p in enumerate(payloads):
             key, data = f"k{i:03d}", p.numpy().tobytes()
-            head = bytearray(fmt.encode_header(key.encode(), len(data), 0 if sums else fmt.xxh3_64(data)))
             shard = root / ("s" if i % 3 else "missing-shard")  # created by C on first use
-            out.append((f"{shard}/", f"{shard}/{key}", [head, data], True))
-        out[7] = (f"{root}/a/b/c/", f"{root}/a/b/c/k", [bytearray(64), b"x"], True)  # -ENOENT
+            if sums:  # C builds the header
+                out.append((f"{shard}/{key}", [data], True))
+            else:
+                head = fmt.encode_header(key.encode(), len(data), fmt.xxh3_64(data))
+                out.append((f"{shard}/", f"{shard}/{key}", [head, data], True))
+        deep = f"{root}/a/b/c"  # two missing parents: -ENOENT
+        out[7] = (
+            (f"{deep}/k", [b"x"], True) if sums else (f"{deep}/", f"{deep}/k", [bytearray(64), b"x"], True)
+        )
         return out
 
     results = {}
     for threads in (1, 2, 5, 500):
         root = tmp_path / f"t{threads}"
         root.mkdir()
-        publish = fastio.publish_batch_xxh3 if _native_io.checksums_in_c() else fastio.publish_batch
-        first = publish(items(root, _native_io.checksums_in_c()), threads)
-        again = publish(items(root, _native_io.checksums_in_c()), threads)  # all present now
+        publish = fastio.publish_pages_xxh3 if sums else fastio.publish_batch
+        first = publish(items(root), threads)
+        again = publish(items(root), threads)  # all present now
         (root / "s" / "k001").write_bytes(b"damaged")
-        paths = [it[1] for it in items(root, False)]
+        paths = [str(it[0 if sums else 1]) for it in items(root)]
         exists = fastio.exists_batch(paths, threads)
         reads = [(p, bytearray(fmt.header_size(4)), [bytearray(len(d))]) for p, d in zip(paths, payloads)]
         got = fastio.read_batch([(p, [h, *b, bytearray(1)]) for p, h, b in reads], threads)
         verify = None
-        if _native_io.checksums_in_c():
-            expected = [
-                bytes(fmt.header_parts(4, len(d))[0]) + f"k{i:03d}".encode() + fmt.header_parts(4, len(d))[1]
-                for i, d in enumerate(payloads)
-            ]
+        if sums:
             outs = [[bytearray(len(d))] for d in payloads]
-            verify = fastio.read_verify_batch(list(zip(paths, expected, outs)), threads)
+            verify = fastio.read_verify_pages(list(zip(paths, outs)), threads)
             assert all(
                 bytes(o[0]) == d.numpy().tobytes() for o, d, v in zip(outs, payloads, verify) if v == 0
             )

@@ -38,6 +38,7 @@ from hicache_core import (
     PoolError,
     PoolName,
     check_key,
+    check_keys,
     hookimpl,
 )
 
@@ -279,8 +280,7 @@ class FileBackend:
             if len(cache) + len(out) > _PATH_CACHE_MAX:
                 cache.clear()
             if out.count(None) == len(out):  # a batch of new keys (a backup's): ~25% faster
-                for k in keys:
-                    check_key(k)
+                check_keys(keys)
                 relpath = fmt.relpath
                 paths = [
                     "%s%s/%s/%s" % (root, k[:dot], k[-1], k)  # noqa: UP031

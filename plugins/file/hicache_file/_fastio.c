@@ -7,8 +7,10 @@
  * spend their time handing the GIL to each other instead of overlapping in the kernel. Here one
  * call takes the buffers of a whole batch (with the GIL), then releases the GIL once and issues
  * every syscall of the batch on `threads` threads (the caller's included), each taking the next
- * unclaimed page until none is left. Python keeps everything else: paths, headers, checksums,
- * verification and every error decision (see hicache_file._native_io).
+ * unclaimed page until none is left. The *_pages calls also build each page's header (and
+ * checksum it) here, so that Python makes no pass over the pages of a batch; Python keeps
+ * everything else: paths, the format's definition, and every error decision (see
+ * hicache_file._native_io).
  *
  * Every function takes an optional `threads` (default 1; at most MAX_THREADS are used, never
  * more than there are items) and returns one result per item, in item order.
@@ -23,11 +25,14 @@
  *       is kept), -errno = failed (nothing is left behind: an unlinked O_TMPFILE inode is freed
  *       by the kernel on close).
  *
- *   publish_batch_xxh3(items) -> list[int]
- *       publish_batch, plus: the first buffer of each item is its header, writable and at least
- *       24 bytes; just before the item is written, the XXH3-64 (seed 0) of its other buffers (the
- *       payload) is stored little-endian in header bytes 16..23, with the GIL released. An item
- *       skipped because its path exists is not hashed. Available when HAVE_XXH3 is 1.
+ *   publish_pages_xxh3(items) -> list[int]
+ *       publish_batch of whole pages, headers built here. items: sequence of (path: str,
+ *       payload buffers: sequence, check_exists: bool); the shard dir is the path up to its
+ *       last '/', and the key what follows it. Each file is the page header (the format of
+ *       hicache_file._format: magic, version, algorithm, key length, payload length, the
+ *       XXH3-64 (seed 0) of the payload computed just before the write with the GIL released,
+ *       the key, zero padding to 64 bytes), then the payload. An item skipped because its path
+ *       exists is not hashed. Available when HAVE_XXH3 is 1.
  *
  *   read_batch(items) -> list[int]
  *       items: sequence of (path: str, buffers: sequence of writable buffers).
@@ -37,23 +42,25 @@
  *       without a second readv per page just to see EOF.
  *       Result: bytes read (>= 0) or -errno (-ENOENT for a missing page).
  *
- *   read_verify_batch(items) -> list[int]
- *       items: sequence of (path: str, expected_header: bytes, payload: sequence of writable
- *       buffers). Per item: open, readv into [header scratch, *payload, probe byte], close, then
- *       check the page: exactly len(expected_header) + len(payload) bytes, header bytes 0..15
- *       and 24.. equal to the expected header's (its bytes 16..23, the checksum slot, are
- *       ignored), and the XXH3-64 of the payload equal to the stored checksum (bytes 16..23,
- *       little-endian). Result: 0 = a valid page, 1 = present but not a valid page of this
- *       size (the caller classifies it: another size, or corruption), -errno = failed (-ENOENT
- *       for a missing page). The format itself stays in Python (_format), which builds the
- *       expected headers. Available when HAVE_XXH3 is 1.
+ *   read_verify_pages(items) -> list[int]
+ *       items: sequence of (path: str, payload: sequence of writable buffers). Per item: open,
+ *       readv into [header scratch, *payload, probe byte], close, then check the page: exactly
+ *       header size + len(payload) bytes, the header equal to the one publish_pages_xxh3 writes
+ *       for this path and payload length (its checksum field aside), and the XXH3-64 of the
+ *       payload equal to that checksum. Result: 0 = a valid page, 1 = present but not a valid
+ *       page of this size (the caller classifies it: another size, or corruption), -errno =
+ *       failed (-ENOENT for a missing page). Available when HAVE_XXH3 is 1.
  *
  *   exists_batch(paths) -> list[bool]
  *       access(path, F_OK) == 0 for each path (a str): what os.access returns, without the GIL.
  *
+ *   page_header(key: bytes, payload_len: int) -> bytes
+ *       The header publish_pages_xxh3 and read_verify_pages build, with a zero checksum: the
+ *       Python side checks it against _format's before it uses them.
+ *
  *   xxh3_64(buffer) -> int
  *       The XXH3-64 (seed 0) of one buffer (GIL held), by the implementation that
- *       publish_batch_xxh3 and read_verify_batch use: the Python side checks it against
+ *       publish_pages_xxh3 and read_verify_pages use: the Python side checks it against
  *       xxhash.xxh3_64_intdigest before it uses them.
  *
  * All raise ValueError for a malformed item or threads < 1, TypeError for a non-buffer and BufferError for a
@@ -82,20 +89,18 @@ typedef struct {
     Py_ssize_t nviews; /* views acquired so far (released on cleanup) */
     PyObject **refs;   /* strong references to the path strings used without the GIL */
     Py_ssize_t nrefs;
-    Py_buffer *expect; /* read_verify_batch: each item's expected header */
-    Py_ssize_t nexpect;
+    unsigned char *arena; /* the *_pages shapes: each item's header (and publish: shard dir) */
 } Batch;
 
 static void batch_free(Batch *b) {
     for (Py_ssize_t i = 0; i < b->nviews; i++)
         if (b->views[i].obj != NULL) PyBuffer_Release(&b->views[i]); /* verify's empty slots */
-    for (Py_ssize_t i = 0; i < b->nexpect; i++) PyBuffer_Release(&b->expect[i]);
     for (Py_ssize_t i = 0; i < b->nrefs; i++) Py_DECREF(b->refs[i]);
     PyMem_Free(b->items);
     PyMem_Free(b->views);
     PyMem_Free(b->iov);
     PyMem_Free(b->refs);
-    PyMem_Free(b->expect);
+    PyMem_Free(b->arena);
     memset(b, 0, sizeof(*b));
 }
 
@@ -113,29 +118,51 @@ static const char *keep_str(Batch *b, PyObject *s, const char *what) {
 
 /* The item shapes batch_parse accepts. */
 typedef enum {
-    SHAPE_READ,         /* (path, writable buffers) */
-    SHAPE_PUBLISH,      /* (shard_dir, path, buffers, check_exists) */
-    SHAPE_PUBLISH_SUMS, /* the same, the first buffer (the header) writable */
-    SHAPE_VERIFY,       /* (path, expected header, writable payload buffers) */
-    SHAPE_PATHS,        /* a bare path: no buffers */
+    SHAPE_READ,          /* (path, writable buffers) */
+    SHAPE_PUBLISH,       /* (shard_dir, path, buffers, check_exists) */
+    SHAPE_PUBLISH_PAGES, /* (path, payload buffers, check_exists): header and shard dir from the path */
+    SHAPE_VERIFY_PAGES,  /* (path, writable payload buffers): expected header from the path */
+    SHAPE_PATHS,         /* a bare path: no buffers */
 } Shape;
 
-/* Parse `items` into `b`. For SHAPE_VERIFY each item gets two extra slots around its payload
- * buffers, filled at read time: slot `first` for the header and the last for the probe byte;
- * `count` includes them, and the expected header's view is kept in `b->expect[i]`. Returns 0,
- * or -1 with an exception. */
+/* The key of a page path (what follows its last '/'): its byte offset in the path's UTF-8, with
+ * the path's byte length in *len; -1 with an exception when there is no key or it is longer
+ * than a header can hold. */
+static Py_ssize_t key_offset(PyObject *path, Py_ssize_t i, Py_ssize_t *len_out) {
+    Py_ssize_t len = 0;
+    const char *p = PyUnicode_Check(path) ? PyUnicode_AsUTF8AndSize(path, &len) : NULL;
+    if (p == NULL) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_TypeError, "item %zd: path must be a str", i);
+        return -1;
+    }
+    const char *slash = strrchr(p, '/');
+    Py_ssize_t at = slash == NULL ? 0 : slash - p + 1;
+    if (slash == NULL || len - at < 1 || len - at > HC_MAX_KEY) {
+        PyErr_Format(PyExc_ValueError, "item %zd: path must end with '/<key>' (1..%d bytes)", i, HC_MAX_KEY);
+        return -1;
+    }
+    *len_out = len;
+    return at;
+}
+
+/* Parse `items` into `b`. The *_pages shapes get a header slot before the payload buffers (the
+ * header built here, in b->arena, from the key that ends the path and the payload length), and
+ * SHAPE_VERIFY_PAGES also a probe slot after them, filled at read time; `count` includes them.
+ * Returns 0, or -1 with an exception. */
 static int batch_parse(Batch *b, PyObject *items, Shape shape) {
     memset(b, 0, sizeof(*b));
     PyObject *seq = PySequence_Fast(items, "items must be a sequence");
     if (seq == NULL) return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **elems = PySequence_Fast_ITEMS(seq);
-    int publish = shape == SHAPE_PUBLISH || shape == SHAPE_PUBLISH_SUMS;
-    int verify = shape == SHAPE_VERIFY;
-    Py_ssize_t arity = publish ? 4 : verify ? 3 : 2;
-    Py_ssize_t at_bufs = publish || verify ? 2 : 1;
-    Py_ssize_t extra = verify ? 2 : 0;
+    int publish = shape == SHAPE_PUBLISH || shape == SHAPE_PUBLISH_PAGES;
+    int verify = shape == SHAPE_VERIFY_PAGES;
+    int pages = shape == SHAPE_PUBLISH_PAGES || verify;
+    Py_ssize_t arity = shape == SHAPE_PUBLISH ? 4 : shape == SHAPE_PUBLISH_PAGES ? 3 : 2;
+    Py_ssize_t at_bufs = shape == SHAPE_PUBLISH ? 2 : 1;
+    Py_ssize_t extra = verify ? 2 : pages ? 1 : 0;
     Py_ssize_t total = 0;
+    size_t arena = 0;
     int paths = shape == SHAPE_PATHS;
     for (Py_ssize_t i = 0; i < n && !paths; i++) {
         PyObject *it = elems[i];
@@ -154,18 +181,24 @@ static int batch_parse(Batch *b, PyObject *items, Shape shape) {
             goto fail;
         }
         total += k + extra;
+        if (pages) {
+            Py_ssize_t len, at = key_offset(PyTuple_GET_ITEM(it, 0), i, &len);
+            if (at < 0) goto fail;
+            arena += hc_header_size((size_t)(len - at)) + (publish ? (size_t)at + 1 : 0);
+        }
     }
     b->items = PyMem_Calloc(n ? n : 1, sizeof(Item));
     b->views = PyMem_Calloc(total ? total : 1, sizeof(Py_buffer));
     b->iov = PyMem_Calloc(total ? total : 1, sizeof(struct iovec));
     b->refs = PyMem_Calloc(2 * n + 1, sizeof(PyObject *));
-    b->expect = verify ? PyMem_Calloc(n ? n : 1, sizeof(Py_buffer)) : NULL;
-    if (!b->items || !b->views || !b->iov || !b->refs || (verify && !b->expect)) {
+    b->arena = pages ? PyMem_Malloc(arena ? arena : 1) : NULL;
+    if (!b->items || !b->views || !b->iov || !b->refs || (pages && !b->arena)) {
         PyErr_NoMemory();
         goto fail;
     }
     b->nitems = n;
     Py_ssize_t at = 0;
+    unsigned char *next = b->arena;
     int flags = publish ? PyBUF_SIMPLE : PyBUF_WRITABLE;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *it = elems[i];
@@ -175,42 +208,51 @@ static int batch_parse(Batch *b, PyObject *items, Shape shape) {
             if (item->path == NULL) goto fail;
             continue;
         }
-        if (publish) {
+        if (shape == SHAPE_PUBLISH) {
             item->dir = keep_str(b, PyTuple_GET_ITEM(it, 0), "shard_dir");
             if (item->dir == NULL) goto fail;
             item->path = keep_str(b, PyTuple_GET_ITEM(it, 1), "path");
-            if (item->path == NULL) goto fail;
-            int chk = PyObject_IsTrue(PyTuple_GET_ITEM(it, 3));
-            if (chk < 0) goto fail;
-            item->check_exists = chk;
         } else {
             item->path = keep_str(b, PyTuple_GET_ITEM(it, 0), "path");
-            if (item->path == NULL) goto fail;
         }
-        if (verify) {
-            if (PyObject_GetBuffer(PyTuple_GET_ITEM(it, 1), &b->expect[i], PyBUF_SIMPLE) < 0) goto fail;
-            b->nexpect++;
-            if (b->expect[i].len < 24) {
-                PyErr_Format(PyExc_ValueError, "item %zd: the expected header has %zd bytes (at least 24)", i,
-                             b->expect[i].len);
-                goto fail;
-            }
+        if (item->path == NULL) goto fail;
+        if (publish) {
+            int chk = PyObject_IsTrue(PyTuple_GET_ITEM(it, arity - 1));
+            if (chk < 0) goto fail;
+            item->check_exists = chk;
         }
         PyObject *bufs = PyTuple_GET_ITEM(it, at_bufs);
         Py_ssize_t k = PySequence_Fast_GET_SIZE(bufs);
         PyObject **bv = PySequence_Fast_ITEMS(bufs);
         item->first = at;
         item->count = k + extra;
-        if (verify) b->nviews = ++at; /* the header slot: no view, filled at read time */
+        if (pages) b->nviews = ++at; /* the header slot: no view (its iov is set below) */
+        uint64_t payload = 0;
         for (Py_ssize_t j = 0; j < k; j++) {
-            int f = (j == 0 && shape == SHAPE_PUBLISH_SUMS) ? PyBUF_WRITABLE : flags;
-            if (PyObject_GetBuffer(bv[j], &b->views[at], f | PyBUF_C_CONTIGUOUS) < 0) goto fail;
+            if (PyObject_GetBuffer(bv[j], &b->views[at], flags | PyBUF_C_CONTIGUOUS) < 0) goto fail;
             b->nviews = at + 1;
             b->iov[at].iov_base = b->views[at].buf;
             b->iov[at].iov_len = (size_t)b->views[at].len;
+            payload += (uint64_t)b->views[at].len;
             at++;
         }
         if (verify) b->nviews = ++at; /* the probe slot */
+        if (pages) { /* the header, and for a publish the shard dir: both from the path */
+            const char *key = strrchr(item->path, '/') + 1; /* key_offset checked it */
+            size_t klen = strlen(key), dlen = (size_t)(key - item->path);
+            item->hdr = next;
+            item->hdr_len = hc_header_size(klen);
+            hc_build_header(next, key, klen, payload);
+            next += item->hdr_len;
+            b->iov[item->first].iov_base = item->hdr;
+            b->iov[item->first].iov_len = item->hdr_len;
+            if (publish) {
+                memcpy(next, item->path, dlen);
+                next[dlen] = '\0';
+                item->dir = (const char *)next;
+                next += dlen + 1;
+            }
+        }
     }
     Py_DECREF(seq);
     return 0;
@@ -348,19 +390,11 @@ static PyObject *run_batch(PyObject *items, Shape shape, item_fn fn, int sums, i
     Batch b;
     if (check_threads(threads) < 0 || batch_parse(&b, items, shape) < 0) return NULL;
     Run r = {&b, fn, sums, 0, 0};
-    for (Py_ssize_t i = 0; shape == SHAPE_PUBLISH_SUMS && i < b.nitems; i++) {
-        if (b.items[i].count < 2 || b.views[b.items[i].first].len < 24) {
-            batch_free(&b);
-            PyErr_Format(PyExc_ValueError,
-                         "item %zd: publish_batch_xxh3 needs a header of at least 24 bytes and a payload", i);
-            return NULL;
-        }
-    }
-    if (shape == SHAPE_VERIFY) {
-        Py_ssize_t cap = 24;
+    if (shape == SHAPE_VERIFY_PAGES) {
+        size_t cap = HC_FIXED_HEADER;
         for (Py_ssize_t i = 0; i < b.nitems; i++)
-            if (b.expect[i].len > cap) cap = b.expect[i].len;
-        r.scratch = (size_t)cap + 1;
+            if (b.items[i].hdr_len > cap) cap = b.items[i].hdr_len;
+        r.scratch = cap + 1;
     }
     PyObject *out = run_items(&r, threads) < 0 ? NULL : batch_results(&b, as_bool);
     batch_free(&b);
@@ -372,8 +406,7 @@ static long publish_item(Run *r, Item *it, Local *loc) {
     if (hc_item_exists(it)) return 1;
     if (r->sums) { /* store the payload's XXH3-64 in the header just before the write */
         uint64_t sum = payload_xxh3(r->b, it, loc->state, 0);
-        unsigned char *hdr = (unsigned char *)r->b->views[it->first].buf;
-        for (int k = 0; k < 8; k++) hdr[16 + k] = (unsigned char)(sum >> (8 * k));
+        for (int k = 0; k < 8; k++) it->hdr[16 + k] = (unsigned char)(sum >> (8 * k));
     }
     return hc_publish_one(it, &r->b->iov[it->first]);
 }
@@ -387,7 +420,7 @@ static PyObject *publish_common(PyObject *items, int with_sums, int threads) {
     PyErr_SetString(PyExc_NotImplementedError, "O_TMPFILE is not available on this platform");
     return NULL;
 #else
-    return run_batch(items, with_sums ? SHAPE_PUBLISH_SUMS : SHAPE_PUBLISH, publish_item, with_sums, threads, 0);
+    return run_batch(items, with_sums ? SHAPE_PUBLISH_PAGES : SHAPE_PUBLISH, publish_item, with_sums, threads, 0);
 #endif
 }
 
@@ -399,11 +432,11 @@ static PyObject *publish_batch(PyObject *self, PyObject *args) {
     return publish_common(items, 0, threads);
 }
 
-static PyObject *publish_batch_xxh3(PyObject *self, PyObject *args) {
+static PyObject *publish_pages_xxh3(PyObject *self, PyObject *args) {
     PyObject *items;
     int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O|i:publish_batch_xxh3", &items, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|i:publish_pages_xxh3", &items, &threads)) return NULL;
     if (hc_require_xxh3() < 0) return NULL;
     return publish_common(items, 1, threads);
 }
@@ -413,14 +446,13 @@ static long read_item(Run *r, Item *it, Local *loc) {
     return hc_read_one(it, &r->b->iov[it->first]);
 }
 
-/* Read one item of a SHAPE_VERIFY batch into its payload buffers and check it against its
- * expected header (b->expect, same index as the item). */
+/* Read one item of a SHAPE_VERIFY_PAGES batch into its payload buffers and check it against
+ * its expected header (it->hdr). */
 static long verify_item(Run *r, Item *it, Local *loc) {
     Batch *b = r->b;
-    Py_ssize_t i = it - b->items;
     struct iovec *iov = &b->iov[it->first];
-    const unsigned char *want = (const unsigned char *)b->expect[i].buf;
-    size_t hsize = (size_t)b->expect[i].len, payload = 0;
+    const unsigned char *want = it->hdr;
+    size_t hsize = it->hdr_len, payload = 0;
     unsigned char *scratch = loc->scratch, *probe = loc->scratch + r->scratch - 1;
     for (Py_ssize_t j = it->first + 1; j < it->first + it->count - 1; j++) payload += (size_t)b->views[j].len;
     iov[0].iov_base = scratch;
@@ -437,13 +469,29 @@ static long verify_item(Run *r, Item *it, Local *loc) {
     return payload_xxh3(b, it, loc->state, 1) == stored ? 0 : 1;
 }
 
-static PyObject *read_verify_batch(PyObject *self, PyObject *args) {
+static PyObject *read_verify_pages(PyObject *self, PyObject *args) {
     PyObject *items;
     int threads = 1;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O|i:read_verify_batch", &items, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "O|i:read_verify_pages", &items, &threads)) return NULL;
     if (hc_require_xxh3() < 0) return NULL;
-    return run_batch(items, SHAPE_VERIFY, verify_item, 1, threads, 0);
+    return run_batch(items, SHAPE_VERIFY_PAGES, verify_item, 1, threads, 0);
+}
+
+static PyObject *page_header(PyObject *self, PyObject *args) {
+    const char *key;
+    Py_ssize_t klen;
+    unsigned long long payload;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y#K:page_header", &key, &klen, &payload)) return NULL;
+    if (klen < 1 || klen > HC_MAX_KEY) {
+        PyErr_Format(PyExc_ValueError, "key must be 1..%d bytes", HC_MAX_KEY);
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)hc_header_size((size_t)klen));
+    if (out == NULL) return NULL;
+    hc_build_header((unsigned char *)PyBytes_AS_STRING(out), key, (size_t)klen, payload);
+    return out;
 }
 
 static PyObject *read_batch(PyObject *self, PyObject *args) {
@@ -473,16 +521,20 @@ static PyMethodDef methods[] = {
      "publish_batch(items, threads=1) -> list[int]: O_TMPFILE + linkat publish of a batch, GIL\n"
      "released. items: (shard_dir, path, buffers, check_exists) tuples. Per item: 0 published, 1\n"
      "already present, -errno failed."},
-    {"publish_batch_xxh3", publish_batch_xxh3, METH_VARARGS,
-     "publish_batch_xxh3(items, threads=1) -> list[int]: publish_batch that first stores the\n"
-     "XXH3-64 of each item's payload (every buffer after the first) in its writable header, bytes\n"
-     "16..23."},
+    {"publish_pages_xxh3", publish_pages_xxh3, METH_VARARGS,
+     "publish_pages_xxh3(items, threads=1) -> list[int]: publish_batch of whole pages: items are\n"
+     "(path, payload buffers, check_exists); the shard dir is the path's, and the header (key =\n"
+     "the path's last component, payload length, XXH3-64 of the payload) is built in C."},
     {"xxh3_64", xxh3_64, METH_VARARGS,
-     "xxh3_64(buffer) -> int: the XXH3-64 (seed 0) publish_batch_xxh3 and read_verify_batch use (GIL held)."},
-    {"read_verify_batch", read_verify_batch, METH_VARARGS,
-     "read_verify_batch(items, threads=1) -> list[int]: read each page and check it against its\n"
-     "expected header, GIL released. items: (path, expected header, payload buffers). Per item:\n"
-     "0 valid, 1 present but not a valid page of this size, -errno failed (-ENOENT: missing)."},
+     "xxh3_64(buffer) -> int: the XXH3-64 (seed 0) publish_pages_xxh3 and read_verify_pages use (GIL held)."},
+    {"read_verify_pages", read_verify_pages, METH_VARARGS,
+     "read_verify_pages(items, threads=1) -> list[int]: read each page and check its header (built\n"
+     "in C from the path's key and the payload length) and checksum, GIL released. items: (path,\n"
+     "payload buffers). Per item: 0 valid, 1 present but not a valid page of this size, -errno\n"
+     "failed (-ENOENT: missing)."},
+    {"page_header", page_header, METH_VARARGS,
+     "page_header(key: bytes, payload_len: int) -> bytes: the header the *_pages calls build (checksum\n"
+     "0); hicache_file._native_io checks it against _format's at import."},
     {"read_batch", read_batch, METH_VARARGS,
      "read_batch(items, threads=1) -> list[int]: open + readv + close of a batch, GIL released.\n"
      "items: (path, writable buffers) tuples. Per item: bytes read, or -errno."},

@@ -57,8 +57,22 @@ typedef struct {
     int check_exists; /* publish only */
     Py_ssize_t first; /* index of the first buffer in the shared arrays */
     Py_ssize_t count; /* number of buffers */
+    unsigned char *hdr; /* the page header: written (publish, checksum filled in) or expected (verify) */
+    size_t hdr_len;
     long result;
 } Item;
+
+/* The page header (_fastio_format.c; the format is hicache_file._format's). */
+#define HC_FIXED_HEADER 24
+#define HC_PAYLOAD_ALIGN 64
+#define HC_MAX_KEY 65535
+
+/* Bytes before the payload for a key of klen bytes: a multiple of 64. */
+HC_INTERNAL size_t hc_header_size(size_t klen);
+
+/* Write the header of a page (key, payload length, checksum 0) into dst, hc_header_size(klen)
+ * bytes: magic, version, algorithm, key length, payload length, checksum, key, zero padding. */
+HC_INTERNAL void hc_build_header(unsigned char *dst, const char *key, size_t klen, uint64_t payload_len);
 
 /* The per-page syscalls (_fastio_page.c); the GIL need not be held. Results: see _fastio.c. */
 HC_INTERNAL long hc_publish_one(Item *it, struct iovec *iov);

@@ -1,20 +1,21 @@
 """The batched I/O path over the ``_fastio`` C extension (used when it is built).
 
-Python decides everything: it builds each page's header and what a valid page's header must
-be (``_format`` is the only definition of the format), hands the whole batch to one ``_fastio``
-call, which issues the syscalls with the GIL released on ``io_threads`` threads of its own
-(each takes the next unclaimed page), and accounts every result exactly like the pure-Python
-path in ``_backend``. Building every item first and then letting C threads move them matters
+Python decides everything: it builds the batch's items (paths and page buffers), hands the
+whole batch to one ``_fastio`` call, which issues the syscalls with the GIL released on
+``io_threads`` threads of its own (each takes the next unclaimed page), and accounts every
+result exactly like the pure-Python path in ``_backend``. ``_format`` defines the page format;
+the C calls that build headers are checked against it at import. Building every item first and then letting C threads move them matters
 for small pages: Python threads preparing their own ranges would take turns on the GIL, and
 its switch interval (5 ms) is as long as a whole batch of 16 KiB pages.
 
 When the extension found XXH3 in python-xxhash's extension module (``_fastio.HAVE_XXH3``,
-checked against ``xxhash`` at import), :func:`_fastio.publish_batch_xxh3` also checksums each
-payload right before writing it, and :func:`_fastio.read_verify_batch` checks each page read
-against its expected header and checksum, all without the GIL: python-xxhash holds the GIL,
-so I/O threads would checksum one after the other, and the per-page verification loop in
-Python cost ~3 us per page. Without it, ``publish_batch`` and ``read_batch`` move the bytes
-and Python checksums and verifies. Any read that does not verify is handed back to the
+checked against ``xxhash`` at import), :func:`_fastio.publish_pages_xxh3` builds each page's
+header from its path (which ends with the key) and checksums the payload right before writing
+it, and :func:`_fastio.read_verify_pages` checks each page read against the header it must
+have and its checksum, all without the GIL: python-xxhash holds the GIL, so I/O threads would
+checksum one after the other, and building headers and verifying pages in Python cost ~3 us
+per page. Without it, Python builds the headers and checksums, ``publish_batch`` and
+``read_batch`` move the bytes, and Python verifies. Any read that does not verify is handed back to the
 pure-Python path, which re-reads, classifies and quarantines it, so corruption handling lives
 in one place.
 """
@@ -50,23 +51,32 @@ def available() -> bool:
     return _fastio is not None and bool(_fastio.HAVE_TMPFILE)
 
 
-def _c_xxh3_agrees() -> bool:
-    """The extension found python-xxhash's XXH3 and it gives ``_format``'s digests."""
+def _c_pages_agree() -> bool:
+    """The extension found python-xxhash's XXH3, it gives ``_format``'s digests, and the page
+    headers it builds are ``_format``'s."""
     if _fastio is None or not getattr(_fastio, "HAVE_XXH3", 0):
         return False
     probe = bytes(range(256)) * 9
-    return all(_fastio.xxh3_64(b) == fmt.xxh3_64(b) for b in (b"", probe[:7], probe[:240], probe))
+    if any(_fastio.xxh3_64(b) != fmt.xxh3_64(b) for b in (b"", probe[:7], probe[:240], probe)):
+        return False
+    keys = (b"k", b"ns.kv.k.tp0of1." + b"a" * 64, b"x" * 39, b"x" * 40, b"x" * 255)
+    return all(
+        _fastio.page_header(k, n) == fmt.encode_header(k, n, 0)
+        for k in keys
+        for n in (0, 1, 16384, 2**40 + 3)
+    )
 
 
-_C_SUMS = _c_xxh3_agrees()
+_C_SUMS = _c_pages_agree()
 
 
 def checksums_in_c() -> bool:
     """Writes and reads checksum their payloads in C, without the GIL.
 
     True when the extension is built and resolved XXH3 from python-xxhash's own extension module
-    (the implementation Python uses, with run-time SIMD dispatch), and it agrees with
-    ``xxhash.xxh3_64_intdigest`` on probe buffers at import.
+    (the implementation Python uses, with run-time SIMD dispatch), it agrees with
+    ``xxhash.xxh3_64_intdigest`` on probe buffers at import, and the page headers it builds are
+    ``_format``'s (checked at import too).
     """
     return _C_SUMS
 
@@ -91,14 +101,13 @@ def set_range(
     tally = _Tally()
     n = len(keys)
     out = [False] * n
-    parts = fmt.header_parts
-    in_c = checksums_in_c()  # C stores each digest in its (writable) header just before the write
-    publish = _fastio.publish_batch_xxh3 if in_c else _fastio.publish_batch
+    in_c = checksums_in_c()  # C builds each header, and checksums the payload, just before the write
+    publish = _fastio.publish_pages_xxh3 if in_c else _fastio.publish_batch
     # a key the caller's exists() found absent needs no second look; usually that is all of them
     check: Any = repeat(True) if not absent else repeat(False) if absent.issuperset(keys) else None
     if check is None:
         check = [k not in absent for k in keys]
-    items: list[tuple[str, str, list[Any], bool]] = []
+    items: list[tuple[Any, ...]]
     where: list[int] | None = None  # position in ``out`` of each item, when some are left out
     if max_bytes is not None:
         where = []
@@ -108,19 +117,19 @@ def set_range(
                 tally.error("write_errors", err, paths[j])
             else:
                 where.append(j)
-    if in_c:  # keys are ASCII (check_key): len(key) is the length of its bytes
-        for key, path, iov, size, chk in zip(keys, paths, iovs, sizes, check):
-            fixed, pad = parts(len(key), size)
-            items.append(
-                (path[: len(path) - len(key)], path, [bytearray(fixed + key.encode() + pad), *iov], chk)
-            )
+    if in_c:  # each path ends with "/<key>": C takes the shard dir and the header's key from it
+        items = list(zip(paths, iovs, check))
     else:
         header, xxh3, checksum = fmt.encode_header, fmt.xxh3_64, fmt.checksum
-        for key, path, iov, size, chk in zip(keys, paths, iovs, sizes, check):
-            digest = xxh3(iov[0]) if len(iov) == 1 else checksum(iov)
-            items.append(
-                (path[: len(path) - len(key)], path, [header(key.encode(), size, digest), *iov], chk)
+        items = [
+            (
+                path[: len(path) - len(key)],
+                path,
+                [header(key.encode(), size, xxh3(iov[0]) if len(iov) == 1 else checksum(iov)), *iov],
+                chk,
             )
+            for key, path, iov, size, chk in zip(keys, paths, iovs, sizes, check)
+        ]
     if where is not None:
         items = [items[j] for j in where]
     codes = publish(items, threads) if items else []
@@ -128,7 +137,7 @@ def set_range(
         retry = [i for i, c in enumerate(codes) if c == _ENOENT]
         if not retry:
             break
-        for d in dict.fromkeys(items[i][0] for i in retry):
+        for d in dict.fromkeys(os.path.dirname(paths[i if where is None else where[i]]) for i in retry):
             try:
                 publisher.makedirs(d)
             except OSError:
@@ -146,7 +155,7 @@ def set_range(
     for i, code in enumerate(codes):
         pos = i if where is None else where[i]
         if code < 0:
-            tally.error("write_errors", OSError(-code, os.strerror(-code)), items[i][1])
+            tally.error("write_errors", OSError(-code, os.strerror(-code)), paths[pos])
             continue
         out[pos] = True
         if code == 0:
@@ -179,16 +188,16 @@ def get_range(
     (a plain miss) from corruption, and quarantines the latter.
     """
     tally = _Tally()
-    parts = fmt.header_parts
-    expected: list[bytes] = []  # each page's header with a zero checksum (C skips that field)
-    for key, size in zip(keys, sizes):  # keys are ASCII (check_key)
-        fixed, pad = parts(len(key), size)
-        expected.append(fixed + key.encode() + pad)
-    if not expected:
+    if not paths:
         codes: list[int] = []
-    elif checksums_in_c():
-        codes = _fastio.read_verify_batch(list(zip(paths, expected, iovs)), threads)
+    elif checksums_in_c():  # C builds each expected header from the key that ends its path
+        codes = _fastio.read_verify_pages(list(zip(paths, iovs)), threads)
     else:
+        parts = fmt.header_parts
+        expected: list[bytes] = []  # each page's header with a zero checksum (not compared)
+        for key, size in zip(keys, sizes):  # keys are ASCII (check_key)
+            fixed, pad = parts(len(key), size)
+            expected.append(fixed + key.encode() + pad)
         codes = _verify_in_python(paths, iovs, sizes, expected, threads)
     n = len(codes)
     if posts is None and not track and not any(codes):  # every page valid: the common case
@@ -205,7 +214,7 @@ def get_range(
             hits += 1
             nbytes += sizes[j]
             if track:
-                tally.touched.append((keys[j], len(expected[j]) + sizes[j]))
+                tally.touched.append((keys[j], fmt.header_size(len(keys[j])) + sizes[j]))
             out.append(True)
         elif code == _ENOENT:
             misses += 1
