@@ -58,9 +58,11 @@ def tensor_digest(t: torch.Tensor) -> str:
 class SuiteContext:
     """Everything one conformance test needs about the backend under test.
 
-    Attributes: ``name`` (entry-point name), ``cls`` (backend class), ``caps``
-    (``cls.capabilities``), ``options`` (the isolated options of this test) and ``model_name``
-    (unique per test, so tests never see each other's pages even on shared storage).
+    Attributes: ``name`` (entry-point name), ``cls`` (backend class), ``class_caps``
+    (``cls.capabilities``), ``caps`` (the capabilities of an instance opened with these
+    options: the class's, or narrower when an option narrows them), ``options`` (the isolated
+    options of this test) and ``model_name`` (unique per test, so tests never see each other's
+    pages even on shared storage).
     """
 
     def __init__(
@@ -69,7 +71,8 @@ class SuiteContext:
         self.suite = suite
         self.name = name
         self.cls = cls
-        self.caps: Capabilities = cls.capabilities  # type: ignore[attr-defined]
+        self.class_caps: Capabilities = cls.capabilities  # type: ignore[attr-defined]
+        self._caps: Capabilities | None = None
         self.options = options
         self.isolated = isolated
         self.model_name = f"conformance-{uuid.uuid4().hex[:12]}"
@@ -77,6 +80,13 @@ class SuiteContext:
         self._controllers: list[CacheController] = []
 
     # ----------------------------------------------------------- capabilities
+    @property
+    def caps(self) -> Capabilities:
+        """The capabilities under test: an instance's for these options (opened once, lazily)."""
+        if self._caps is None:
+            self._caps = self.open().capabilities
+        return self._caps
+
     def require(self, capability: str) -> None:
         """Skip the test unless the backend declares ``capabilities.<capability>``."""
         value = getattr(self.caps, capability)

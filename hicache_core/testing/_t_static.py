@@ -55,7 +55,7 @@ class DiscoveryTests(SuiteBase):
         row = describe_backend(hc.name)
         assert row["status"] == "ok", row["status"]
         assert row["distribution"] == info.distribution
-        assert row["capabilities"] == hc.caps.as_dict()
+        assert row["capabilities"] == hc.class_caps.as_dict()
 
     def test_discovery_open_close(self, hc: SuiteContext) -> None:
         """``open_store`` builds the class with ``(config, options)``; closing twice is harmless."""

@@ -18,3 +18,19 @@ class TestFileBackend(BackendConformance):
     @pytest.fixture
     def options(self, tmp_path: Path) -> dict[str, Any]:
         return {"root": str(tmp_path / "file-root")}
+
+
+class TestFileBackendExactSkipped(BackendConformance):
+    """With ``exact_skipped`` an instance narrows ``set_skips_existing`` to ``False``: the suite
+    judges the instance's capabilities, so the tests that need it skip instead of running."""
+
+    backend = "file"
+
+    @pytest.fixture
+    def options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"root": str(tmp_path / "file-root"), "exact_skipped": True}
+
+    def test_suite_uses_the_instance_capabilities(self, hc: Any) -> None:
+        assert hc.class_caps.set_skips_existing is True
+        assert hc.caps.set_skips_existing is False
+        assert hc.caps == hc.open().capabilities

@@ -61,7 +61,7 @@ def test_mha_roundtrip(tmp_path: Path, layout: str) -> None:
         assert res.ok and res.pages == 16
         assert pages(kv, dest) == want
         again = ctl.backup(hashes, slots)
-        assert again.skipped == 16
+        assert again.ok and ctl.store.backend.stats.skipped_writes == 32
         assert ctl.store.backend.stats.hits == 32
 
 
@@ -233,3 +233,26 @@ def test_set_skips_present_keys(tmp_path: Path, publish: str) -> None:
         else:
             assert torch.equal(out, first)
     assert not any(".tmp-" in f for f in _keys(tmp_path))
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_exact_skipped_option_chooses_the_existence_pass(tmp_path: Path, exact: bool) -> None:
+    """By default ``set`` skips stored pages itself (``set_skips_existing``: no existence pass,
+    ``skipped`` 0); ``exact_skipped`` narrows the capability so ``backup`` checks first and
+    ``skipped`` counts the stored pages. Neither rewrites a stored page."""
+    kv = MHAKVPool(8, 4, 3, 2, 8)
+    fill(kv, 2)
+    hashes = page_hashes(list(range(8 * 4)), 4)
+    with CacheController(config(tmp_path, options={"exact_skipped": exact}), kv) as ctl:
+        backend = ctl.store.backend
+        assert backend.capabilities.set_skips_existing is not exact
+        assert type(backend).capabilities.set_skips_existing  # the class is left alone
+        assert ctl.backup(hashes[:5], range(5)).ok
+        checks = backend.stats.exists_checks
+        res = ctl.backup(hashes, range(8))
+        assert res.ok and res.pages == 8
+        assert res.skipped == (5 if exact else 0)
+        assert backend.stats.exists_checks - checks == (16 if exact else 0)
+        assert (backend.stats.writes, backend.stats.skipped_writes) == (16, 0 if exact else 10)
+        zero(kv)
+        assert ctl.prefetch(hashes, range(8)).pages == 8

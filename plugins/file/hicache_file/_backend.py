@@ -17,6 +17,7 @@ options. Summary of the guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import operator
@@ -76,11 +77,16 @@ class FileBackend:
         persistent=True,
         shared=True,
         draft_io=DraftIoMode.GENERIC,
+        # set skips a stored page itself (one access(2) on its I/O thread, no bytes written), so
+        # backup needs no separate existence pass; exact_skipped turns the pass back on
+        set_skips_existing=True,
     )
 
     def __init__(self, config: StorageConfig, options: FileOptions) -> None:
         self.config = config
         self.options = options
+        if options.exact_skipped:  # backup checks existence first: exact TransferResult.skipped
+            self.capabilities = dataclasses.replace(type(self).capabilities, set_skips_existing=False)
         self.root = options.resolved_root()
         self._publisher = open_root(self.root, options.fsync, options.publish)
         self._prefix = self.root.rstrip("/") + "/"

@@ -59,6 +59,13 @@ class FileOptions(BaseModel):
     when ``publish`` resolves to ``tmpfile`` and ``fsync`` is off, since an fsync per page costs
     far more than the GIL). Ignored when the extension was not built; ``False`` forces the
     pure-Python path. Same files, same results either way.
+    ``exact_skipped``: ``False`` (default): ``set`` skips a page that is already stored itself
+    (an ``access(2)`` on the I/O thread that would write it, no bytes written), so the
+    controller's ``backup`` makes no separate existence pass and ``TransferResult.skipped``
+    stays 0 (``FileBackend.stats.skipped_writes`` counts those pages). ``True``: the backend
+    declares ``set_skips_existing=False``, so ``backup`` first asks which pages exist and
+    ``skipped`` counts them exactly, at the cost of that extra batch (about 5 % of a 16 KiB
+    backup + prefetch on ext4 here).
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -76,6 +83,9 @@ class FileOptions(BaseModel):
     temp_max_age_s: float = Field(3600.0, gt=0, description="age after which leftover temp files go")
     publish: Literal["auto", "tmpfile", "rename"] = Field("auto", description="atomic publish method")
     native_io: bool = Field(True, description="use the C batch I/O path when it is built")
+    exact_skipped: bool = Field(
+        False, description="backup checks existence first, so TransferResult.skipped counts stored pages"
+    )
 
     @field_validator("root")
     @classmethod
