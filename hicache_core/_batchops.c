@@ -92,15 +92,23 @@ static PyObject *py_valid_keys(PyObject *self, PyObject *seq) {
     Py_RETURN_TRUE;
 }
 
+/* The (object, size) arguments of index_tuple and bool_flags. 0, or -1 with an exception. */
+static int object_and_size(PyObject *const *args, Py_ssize_t nargs, const char *usage, PyObject **obj,
+                           Py_ssize_t *size) {
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "%s takes 2 arguments", usage);
+        return -1;
+    }
+    *obj = args[0];
+    *size = PyLong_AsSsize_t(args[1]);
+    return *size == -1 && PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject *py_index_tuple(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "index_tuple(seq, limit) takes 2 arguments");
-        return NULL;
-    }
-    PyObject *seq = args[0];
-    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
-    if (limit == -1 && PyErr_Occurred()) return NULL;
+    PyObject *seq;
+    Py_ssize_t limit;
+    if (object_and_size(args, nargs, "index_tuple(seq, limit)", &seq, &limit) < 0) return NULL;
     if (!is_seq(seq)) Py_RETURN_NONE;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
@@ -168,13 +176,9 @@ fail:
 
 static PyObject *py_bool_flags(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "bool_flags(obj, n) takes 2 arguments");
-        return NULL;
-    }
-    PyObject *obj = args[0];
-    Py_ssize_t n = PyLong_AsSsize_t(args[1]);
-    if (n == -1 && PyErr_Occurred()) return NULL;
+    PyObject *obj;
+    Py_ssize_t n;
+    if (object_and_size(args, nargs, "bool_flags(obj, n)", &obj, &n) < 0) return NULL;
     if (!PyList_CheckExact(obj) || PyList_GET_SIZE(obj) != n) Py_RETURN_NONE;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (!PyBool_Check(PyList_GET_ITEM(obj, i))) Py_RETURN_NONE;
