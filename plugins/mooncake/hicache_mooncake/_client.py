@@ -169,16 +169,11 @@ class StoreLink:
         n = len(claim.keys)
         try:
             if claim.sent is None and self._one_call(n):  # the usual put: one call, no list copies
-                return list(
-                    map(
-                        eq,
-                        self._answer(fn(keys, _listed(ptrs), _listed(sizes), self._cfg), n, "put"),
-                        repeat(0),
-                    )
-                )
-            ks = claim.keys
-            ps, ss = _pick(ptrs, claim.sent), _pick(sizes, claim.sent)
-            codes = self._run(n, lambda a, b: fn(ks[a:b], ps[a:b], ss[a:b], self._cfg), "put")
+                codes = self._answer(fn(keys, _listed(ptrs), _listed(sizes), self._cfg), n, "put")
+            else:
+                ks = claim.keys
+                ps, ss = _pick(ptrs, claim.sent), _pick(sizes, claim.sent)
+                codes = self._run(n, lambda a, b: fn(ks[a:b], ps[a:b], ss[a:b], self._cfg), "put")
         finally:
             inflight.release(claim)
         flags = list(map(eq, codes, repeat(0)))
