@@ -51,45 +51,42 @@ static int exact_ascii(PyObject *s) {
     return PyUnicode_IS_ASCII(s) ? 1 : 0;
 }
 
-static PyObject *py_valid_hashes(PyObject *self, PyObject *seq) {
-    (void)self;
-    if (!is_seq(seq)) Py_RETURN_FALSE;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    PyObject **items = PySequence_Fast_ITEMS(seq);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *h = items[i];
-        if (!PyUnicode_CheckExact(h)) Py_RETURN_FALSE;
-        if (PyUnicode_READY(h) < 0) return NULL;
-        if (!PyUnicode_IS_ASCII(h)) Py_RETURN_FALSE;
-        Py_ssize_t len = PyUnicode_GET_LENGTH(h);
-        if (len < 1 || len > MAX_HASH_LEN) Py_RETURN_FALSE;
-        const unsigned char *s = PyUnicode_1BYTE_DATA(h);
-        if (!(char_class[s[0]] & 2)) Py_RETURN_FALSE;
-        for (Py_ssize_t j = 1; j < len; j++) {
-            if (!(char_class[s[j]] & 1)) Py_RETURN_FALSE;
-        }
-    }
-    Py_RETURN_TRUE;
-}
-
-static PyObject *py_valid_keys(PyObject *self, PyObject *seq) {
-    (void)self;
-    if (!is_seq(seq)) Py_RETURN_FALSE;
+/* Whether seq is an exact list/tuple of exact ASCII str names of 1..max_len characters, the
+ * first from [A-Za-z0-9], the others of class `body` (HASH_BODY or KEY_BODY, see char_class),
+ * with no ".." when `no_dots`. 1 yes, 0 no, -1 error set. */
+#define HASH_BODY 1
+#define KEY_BODY 4
+static int valid_names(PyObject *seq, Py_ssize_t max_len, unsigned char body, int no_dots) {
+    if (!is_seq(seq)) return 0;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         int ok = exact_ascii(items[i]);
-        if (ok < 0) return NULL;
-        if (!ok) Py_RETURN_FALSE;
+        if (ok <= 0) return ok;
         Py_ssize_t len = PyUnicode_GET_LENGTH(items[i]);
-        if (len < 1 || len > MAX_KEY_LEN) Py_RETURN_FALSE;
-        const unsigned char *s = PyUnicode_1BYTE_DATA(items[i]);
-        if (!(char_class[s[0]] & 2)) Py_RETURN_FALSE;
+        if (len < 1 || len > max_len) return 0;
+        const unsigned char *c = PyUnicode_1BYTE_DATA(items[i]);
+        if (!(char_class[c[0]] & 2)) return 0;
         for (Py_ssize_t j = 1; j < len; j++) {
-            if (!(char_class[s[j]] & 4) || (s[j] == '.' && s[j - 1] == '.')) Py_RETURN_FALSE;
+            if (!(char_class[c[j]] & body) || (no_dots && c[j] == '.' && c[j - 1] == '.')) return 0;
         }
     }
-    Py_RETURN_TRUE;
+    return 1;
+}
+
+static PyObject *names_result(int ok) {
+    if (ok < 0) return NULL;
+    return PyBool_FromLong(ok);
+}
+
+static PyObject *py_valid_hashes(PyObject *self, PyObject *seq) {
+    (void)self;
+    return names_result(valid_names(seq, MAX_HASH_LEN, HASH_BODY, 0));
+}
+
+static PyObject *py_valid_keys(PyObject *self, PyObject *seq) {
+    (void)self;
+    return names_result(valid_names(seq, MAX_KEY_LEN, KEY_BODY, 1));
 }
 
 /* The (object, size) arguments of index_tuple and bool_flags. 0, or -1 with an exception. */
