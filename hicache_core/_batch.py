@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import importlib
 import os
+from types import ModuleType
 from typing import Final, Protocol, cast
 
-__all__ = ["NATIVE", "BatchOps"]
+__all__ = ["NATIVE", "BatchOps", "load_extension"]
 
 
 class BatchOps(Protocol):
@@ -43,14 +44,15 @@ class BatchOps(Protocol):
         """A copy of ``obj`` if it is an exact list of ``n`` exact bools."""
 
 
-def _load() -> BatchOps | None:
-    if os.environ.get("HICACHE_PURE_PYTHON_BATCH", "").strip() not in ("", "0"):
+def load_extension(name: str, pure_python_env: str) -> ModuleType | None:
+    """The core's optional C extension ``hicache_core.<name>``, or ``None`` when it is not built
+    or the environment variable ``pure_python_env`` is set (to anything but ``0``)."""
+    if os.environ.get(pure_python_env, "").strip() not in ("", "0"):
         return None
     try:
-        module = importlib.import_module(f"{__package__ or 'hicache_core'}._batchops")
+        return importlib.import_module(f"{__package__ or 'hicache_core'}.{name}")
     except ImportError:
         return None
-    return cast(BatchOps, module)
 
 
-NATIVE: Final = _load()
+NATIVE: Final = cast("BatchOps | None", load_extension("_batchops", "HICACHE_PURE_PYTHON_BATCH"))

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import os
 import re
 import sys
 from array import array
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
+from ._batch import load_extension
 from ._errors import BatchShapeError, KeyFormatError
 
 __all__ = ["page_hashes"]
@@ -63,17 +63,7 @@ class _NativeModule(Protocol):
         """Test hook: switch between "sha-ni" and "portable"; returns the previous name."""
 
 
-def _load_native() -> _NativeModule | None:
-    if os.environ.get("HICACHE_PURE_PYTHON_HASH", "").strip() not in ("", "0"):
-        return None
-    try:
-        module = importlib.import_module(f"{__package__ or 'hicache_core'}._pagehash")
-    except ImportError:
-        return None
-    return cast(_NativeModule, module)
-
-
-_NATIVE: Final = _load_native()
+_NATIVE: Final = cast("_NativeModule | None", load_extension("_pagehash", "HICACHE_PURE_PYTHON_HASH"))
 #: ``"native"`` if the C extension is in use, else ``"python"``.
 BACKEND: Final[str] = "native" if _NATIVE is not None else "python"
 
