@@ -58,8 +58,7 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension("hicache_core._pagehash", ["hicache_core/_pagehash.c"]),
-        Extension("hicache_core._batchops", ["hicache_core/_batchops.c"]),
+        Extension("hicache_core.native._pagehash", ["hicache_core/native/_pagehash.c"]),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -32,7 +32,7 @@ SMOKE = os.environ.get("HICACHE_BENCH_SMOKE", "") not in ("", "0")
 _LISTING_PROBE = r"""
 import json, sys
 import hicache_core
-from hicache_core._registry import find_backends
+from hicache_core.plugin.registry import find_backends
 before = set(sys.modules)
 infos = find_backends()
 plugin_modules = sorted({i.value.split(":")[0].split(".")[0] for i in infos.values()})
@@ -58,7 +58,7 @@ def _hicache_cmd() -> list[str]:
     if os.path.exists(script):
         return [script]
     found = shutil.which("hicache")
-    return [found] if found else [sys.executable, "-m", "hicache_core._cli"]
+    return [found] if found else [sys.executable, "-m", "hicache_core.cli"]
 
 
 def commands() -> dict[str, list[str]]:

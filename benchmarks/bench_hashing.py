@@ -36,8 +36,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from hicache_core import _hashing
-from hicache_core._hashing import page_hashes
+from hicache_core.paging import hashes as _hashing
+from hicache_core.paging.hashes import page_hashes
 
 PAGE_SIZE = 64
 VOCAB = 152_064

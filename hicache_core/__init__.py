@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from ._errors import (
+from .errors import (
     BackendContractError,
     BackendIOError,
     BackendNotFoundError,
@@ -23,58 +23,72 @@ from ._errors import (
     OptionsError,
     PoolError,
 )
-from ._types import Capabilities, DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
 from .hookspecs import hookimpl, hookspec
+from .types import Capabilities, DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ._config import ControllerSettings, PrefetchPolicy, StorageConfig, load_config
-    from ._controller import CacheController, DraftOffloadDisabledWarning
-    from ._hashing import page_hashes
-    from ._keys import DefaultPageKeys, KeyScheme, check_key, check_keys, check_page_hash
-    from ._pool_group import HostPoolGroup
-    from ._pools import ComponentSpec, HostPool, IndexerPool, MambaPool, MHAKVPool, MLAKVPool
-    from ._prefetch import PrefetchHandle
-    from ._registry import BACKENDS_GROUP, EXTENSIONS_GROUP, backend_names, find_backends, load_backend_class
-    from ._results import QueryResult, TransferResult
-    from ._store import Store, open_store
+    from .config import ControllerSettings, PrefetchPolicy, StorageConfig, load_config
+    from .paging import KeyScheme, check_key, check_keys, check_page_hash, page_hashes
+    from .plugin import (
+        BACKENDS_GROUP,
+        EXTENSIONS_GROUP,
+        DefaultPageKeys,
+        Store,
+        backend_names,
+        find_backends,
+        load_backend_class,
+        open_store,
+    )
+    from .pools import ComponentSpec, HostPool, HostPoolGroup, IndexerPool, MambaPool, MHAKVPool, MLAKVPool
+    from .transfer import (
+        CacheController,
+        DraftOffloadDisabledWarning,
+        PrefetchHandle,
+        QueryResult,
+        TransferResult,
+    )
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "ControllerSettings": "_config",
-    "PrefetchPolicy": "_config",
-    "StorageConfig": "_config",
-    "load_config": "_config",
-    "CacheController": "_controller",
-    "DraftOffloadDisabledWarning": "_controller",
-    "PrefetchHandle": "_prefetch",
-    "page_hashes": "_hashing",
-    "DefaultPageKeys": "_keys",
-    "KeyScheme": "_keys",
-    "check_key": "_keys",
-    "check_keys": "_keys",
-    "check_page_hash": "_keys",
-    "HostPoolGroup": "_pool_group",
-    "ComponentSpec": "_pools",
-    "HostPool": "_pools",
-    "IndexerPool": "_pools",
-    "MHAKVPool": "_pools",
-    "MLAKVPool": "_pools",
-    "MambaPool": "_pools",
-    "BACKENDS_GROUP": "_registry",
-    "EXTENSIONS_GROUP": "_registry",
-    "backend_names": "_registry",
-    "find_backends": "_registry",
-    "load_backend_class": "_registry",
-    "QueryResult": "_results",
-    "TransferResult": "_results",
-    "Store": "_store",
-    "open_store": "_store",
+    "ControllerSettings": "config",
+    "PrefetchPolicy": "config",
+    "StorageConfig": "config",
+    "load_config": "config",
+    "CacheController": "transfer",
+    "DraftOffloadDisabledWarning": "transfer",
+    "PrefetchHandle": "transfer",
+    "page_hashes": "paging",
+    "Backend": "plugin",
+    "V1Backend": "plugin",
+    "V2Backend": "plugin",
+    "DefaultPageKeys": "plugin",
+    "KeyScheme": "paging",
+    "check_key": "paging",
+    "check_keys": "paging",
+    "check_page_hash": "paging",
+    "HostPoolGroup": "pools",
+    "ComponentSpec": "pools",
+    "HostPool": "pools",
+    "IndexerPool": "pools",
+    "MHAKVPool": "pools",
+    "MLAKVPool": "pools",
+    "MambaPool": "pools",
+    "BACKENDS_GROUP": "plugin",
+    "EXTENSIONS_GROUP": "plugin",
+    "backend_names": "plugin",
+    "find_backends": "plugin",
+    "load_backend_class": "plugin",
+    "QueryResult": "transfer",
+    "TransferResult": "transfer",
+    "Store": "plugin",
+    "open_store": "plugin",
 }
 
 __all__ = [
     "BACKENDS_GROUP",
     "EXTENSIONS_GROUP",
+    "Backend",
     "BackendContractError",
     "BackendIOError",
     "BackendNotFoundError",
@@ -113,6 +127,8 @@ __all__ = [
     "StorageConfig",
     "Store",
     "TransferResult",
+    "V1Backend",
+    "V2Backend",
     "__version__",
     "backend_names",
     "check_key",

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from ._types import DraftIo, IoOp, PoolName, PoolTransfer
+from .types import DraftIo, IoOp, PoolName, PoolTransfer
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from ._pools import HostPool
+    from .pools import HostPool
 
 __all__ = [
     "PROJECT_NAME",
@@ -79,7 +79,7 @@ def hicache_page_keys(pool_name: PoolName, page_hashes: Sequence[str]) -> list[t
 
     The tuple order matches ``pool.components`` (for example ``("k", "v")`` for MHA KV).
     The core ships the default scheme (namespaced by model, KV dtype, layout, pool,
-    component and rank; see :mod:`hicache_core.keys`) as a ``trylast`` implementation; a
+    component and rank; see :class:`hicache_core.KeyScheme`) as a ``trylast`` implementation; a
     backend may override it by implementing this hook. Keys must be safe as file names.
 
     Edge cases: an empty ``page_hashes`` returns ``[]``. An unregistered ``pool_name``
@@ -90,16 +90,22 @@ def hicache_page_keys(pool_name: PoolName, page_hashes: Sequence[str]) -> list[t
 
 
 @hookspec(firstresult=True)
-def hicache_batch_io_v1(op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None) -> list[bool]:
+def hicache_batch_io_v1(
+    op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None, pool_name: PoolName
+) -> list[bool]:
     """The generic copy path: one object per key, one bool per key.
 
     ``op`` is :class:`IoOp` ``EXISTS``, ``GET`` or ``SET``. ``keys`` are component keys as
-    produced by ``hicache_page_keys``. ``buffers`` is ``None`` for ``EXISTS``; for ``GET``
-    and ``SET`` it has one ``torch.uint8`` CPU tensor per key: a view of one page component
-    in a host pool (it may be non-contiguous for ``layer_first`` pools). ``GET`` fills the
-    view in place; ``SET`` reads it. A stored object whose size differs from the buffer is a
-    miss (``False``). After ``False`` the buffer's content is unspecified (a backend may read
-    in place), and the controller never reports that page as loaded.
+    produced by ``hicache_page_keys`` for the pool named ``pool_name`` (every key and buffer of
+    one call belongs to that one pool). ``buffers`` is ``None`` for ``EXISTS``; for ``GET`` and
+    ``SET`` it has one ``torch.uint8`` CPU tensor per key: a view of one page component in that
+    host pool (it may be non-contiguous for ``layer_first`` pools). ``GET`` fills the view in
+    place; ``SET`` reads it. A stored object whose size differs from the buffer is a miss
+    (``False``). After ``False`` the buffer's content is unspecified (a backend may read in
+    place), and the controller never reports that page as loaded.
+
+    ``pool_name`` may be left out of an implementation's signature (pluggy passes arguments by
+    name), so implementations written before it was added keep working.
 
     Returns one bool per key: ``EXISTS`` -> the object is present and readable; ``GET`` ->
     the buffer now holds the object's bytes; ``SET`` -> the object is durably published (an

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from hicache_core import BackendNotFoundError, ConfigError
-from hicache_core._bench import runner
-from hicache_core._bench.profiles import PROFILES, build_pools, requests
-from hicache_core._bench.runner import BenchRequest, run_bench
-from hicache_core._cli_bench import _MODELS, parse_options
+from hicache_core.bench import runner
+from hicache_core.bench.profiles import PROFILES, build_pools, requests
+from hicache_core.bench.runner import BenchRequest, run_bench
+from hicache_core.cli.bench import _MODELS, parse_options
 from tests.support.distinfo import installed_dist
 
-HICACHE = [sys.executable, "-m", "hicache_core._cli"]
+HICACHE = [sys.executable, "-m", "hicache_core.cli"]
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -87,7 +87,7 @@ def test_model_choices_match_profiles() -> None:
 
 def test_cli_module_is_import_light() -> None:
     code = (
-        "import sys, hicache_core._cli as c; c._parser(); "
+        "import sys, hicache_core.cli as c; c._parser(); "
         "print(sorted(m for m in ('torch', 'pydantic', 'rich') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

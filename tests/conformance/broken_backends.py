@@ -16,7 +16,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from hicache_core import Capabilities, DraftIo, DraftIoMode, IoOp, PoolName, PoolTransfer, hookimpl
-from hicache_core._keys import KeyScheme
+from hicache_core.paging.keys import KeyScheme
 
 STORE: dict[str, bytes] = {}
 LOCK = threading.Lock()

@@ -56,7 +56,7 @@ def test_template_blocks_present() -> None:
 
 def _hicache() -> list[str]:
     script = Path(sys.executable).with_name("hicache")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "hicache_core._cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "hicache_core.cli"]
 
 
 def test_template_installs_and_certifies(tmp_path: Path) -> None:

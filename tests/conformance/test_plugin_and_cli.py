@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hicache_core._cli_check import summarize
+from hicache_core.cli.check import summarize
 from tests.conformance.helpers import subprocess_env
 
 
@@ -30,7 +30,7 @@ def _hicache(*args: str) -> list[str]:
     script = Path(sys.executable).with_name("hicache")
     return [
         str(script) if script.exists() else sys.executable,
-        *([] if script.exists() else ["-m", "hicache_core._cli"]),
+        *([] if script.exists() else ["-m", "hicache_core.cli"]),
         *args,
     ]
 

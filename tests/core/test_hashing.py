@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_core import _hashing
-from hicache_core._errors import BatchShapeError, KeyFormatError
-from hicache_core._hashing import page_hashes
+from hicache_core.paging import hashes as _hashing
+from hicache_core.errors import BatchShapeError, KeyFormatError
+from hicache_core.paging.hashes import page_hashes
 
 Hasher = Callable[..., list[str]]
 
@@ -348,15 +348,15 @@ def _run_python(code: str, **env: str) -> str:
 
 
 def test_backend_env_var_forces_python() -> None:
-    code = "import hicache_core._hashing as h; print(h.BACKEND)"
+    code = "import hicache_core.paging.hashes as h; print(h.BACKEND)"
     assert _run_python(code, HICACHE_PURE_PYTHON_HASH="1") == "python"
-    built = importlib.util.find_spec("hicache_core._pagehash") is not None
+    built = importlib.util.find_spec("hicache_core.native._pagehash") is not None
     assert _run_python(code, HICACHE_PURE_PYTHON_HASH="0") == ("native" if built else "python")
     assert _hashing.BACKEND == ("native" if _hashing._NATIVE is not None else "python")
 
 
 def test_import_does_not_load_torch_or_numpy() -> None:
-    code = "import sys, hicache_core._hashing; print('torch' in sys.modules, 'numpy' in sys.modules)"
+    code = "import sys, hicache_core.paging.hashes; print('torch' in sys.modules, 'numpy' in sys.modules)"
     assert _run_python(code) == "False False"
 
 

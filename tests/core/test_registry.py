@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hicache_core as hc
-from hicache_core import _registry
+from hicache_core.plugin import registry as _registry
 from tests.support.distinfo import installed_dist
 
 GOOD = """

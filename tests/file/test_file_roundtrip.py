@@ -26,7 +26,7 @@ from hicache_core import (
     open_store,
     page_hashes,
 )
-from hicache_core._registry import describe_backend
+from hicache_core.plugin.registry import describe_backend
 
 
 def test_entry_point_and_capabilities() -> None:

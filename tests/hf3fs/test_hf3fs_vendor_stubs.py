@@ -12,7 +12,7 @@ from hf3fs_util import REPO, _cli_env, cli_backends_result
 from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
 
 from hicache_core import BackendUnavailableError, DraftIoMode, PoolName, StorageConfig, open_store
-from hicache_core._registry import load_backend_class
+from hicache_core.plugin.registry import load_backend_class
 
 VENDORS = {"eic": EicBackend, "nixl": NixlBackend, "simm": SimmBackend}
 SDK_WORDS = {"eic": "EIC", "nixl": "nixl", "simm": "SiMM"}

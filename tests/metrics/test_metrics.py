@@ -15,7 +15,7 @@ import torch
 
 import hicache_core as hc
 from hicache_core import CacheController, HostPoolGroup, IndexerPool, MambaPool, MHAKVPool, PoolName
-from hicache_core._metrics import MetricsExtension, format_summary, start_exporter
+from hicache_core.extensions.metrics import MetricsExtension, format_summary, start_exporter
 
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

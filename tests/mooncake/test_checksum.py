@@ -21,7 +21,7 @@ from hicache_mooncake._options import checksum_enabled
 from hicache_mooncake.testing import MooncakeMaster
 
 from hicache_core import OptionsError
-from hicache_core._store import validate_options
+from hicache_core.plugin.store import validate_options
 
 WORKER = Path(__file__).with_name("checksum_worker.py")
 

@@ -13,8 +13,8 @@ from hicache_mooncake import MooncakeBackend, MooncakeOptions
 from hicache_mooncake._options import ENV_FIELDS, parse_size, resolve_device
 
 from hicache_core import DraftIoMode, OptionsError, PoolError, StorageConfig
-from hicache_core._registry import describe_backend, load_backend_class
-from hicache_core._store import validate_options
+from hicache_core.plugin.registry import describe_backend, load_backend_class
+from hicache_core.plugin.store import validate_options
 from hicache_core.sizing import standalone_required_bytes
 
 

@@ -19,7 +19,7 @@ GEOMETRY = {"page_size": 16, "num_layers": 4, "num_heads": 2, "head_dim": 64}
 
 def backend_listed(name: str) -> bool:
     """Whether ``hicache backends`` lists ``name`` with status ``ok`` (no import of other backends)."""
-    from hicache_core._registry import availability, find_backends, load_backend_class
+    from hicache_core.plugin.registry import availability, find_backends, load_backend_class
 
     if name not in find_backends():
         return False

@@ -115,7 +115,7 @@ def zygote() -> None:
     import torch  # noqa: F401  (imported once, before any fork)
 
     import hicache_core
-    from hicache_core._registry import load_backend_class
+    from hicache_core.plugin.registry import load_backend_class
 
     hicache_core.StorageConfig()  # pydantic models built
     for name in ("file", "hf3fs"):  # import the backends once; each child only opens a store

@@ -39,7 +39,7 @@ def installed_dist(
         sys.path.remove(str(root))
         for name in modules:
             sys.modules.pop(name, None)
-        from hicache_core import _registry
+        from hicache_core.plugin import registry as _registry
 
         _registry.clear_caches()
         importlib.invalidate_caches()

@@ -1,0 +1,54 @@
+"""The ``hicache`` command line: ``backends``, ``check`` and ``bench``.
+
+Each verb lives in its own module (``cli/<verb>.py``) exposing ``add_arguments(parser)`` and
+``run(args) -> int``; it is imported only when used, so ``hicache backends`` stays fast.
+hicache errors are printed as one paragraph (no traceback) with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+from ..errors import HiCacheError
+
+__all__ = ["main"]
+
+_VERBS = {
+    "backends": "list installed backends with their status and capabilities",
+    "check": "run the conformance suite against an installed backend",
+    "bench": "back up, reopen, query, prefetch and verify a model profile; report GB/s vs raw I/O",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hicache", description="hicache: tiered KV-cache storage plugins")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(_VERBS) + "}")
+    for verb, help_text in _VERBS.items():
+        p = sub.add_parser(verb, help=help_text, description=help_text)
+        import_module(f"hicache_core.cli.{verb}").add_arguments(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in args_list:  # everything after `--` is passed through (for `check`)
+        cut = args_list.index("--")
+        args_list, extra = args_list[:cut], args_list[cut + 1 :]
+    args = _parser().parse_args(args_list)
+    args.passthrough = extra
+    try:
+        code: int = import_module(f"hicache_core.cli.{args.verb}").run(args)
+    except HiCacheError as err:
+        print(f"hicache {args.verb}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

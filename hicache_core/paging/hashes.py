@@ -1,0 +1,315 @@
+"""Chained per-page sha256 hashes of token ids (design.md section 4, "Page hashes").
+
+``page_hashes(token_ids, page_size)`` returns one lowercase sha256 hex digest per *full* page.
+Page ``i`` hashes the raw 32 bytes of page ``i - 1``'s digest (``prior_hash`` for the first
+page, or nothing) followed by each of its token ids as a 4-byte little-endian unsigned int,
+which is exactly SGLang's ``get_hash_str`` applied page by page, so engine-computed hashes and
+hicache-computed hashes are interchangeable. Since the hashes chain, a page hash names the
+whole prefix ending at that page.
+
+Two implementations produce identical results:
+
+* ``"native"``: the optional C extension ``hicache_core._pagehash`` (SHA-NI when the CPU has
+  it, else portable C). The whole chain runs in C: buffer inputs (arrays, tensors) of 64 KiB or
+  more without the GIL; lists/tuples page by page with the GIL held (reading them needs it), so
+  converting one page overlaps hashing the previous one.
+* ``"python"``: ``hashlib`` per page over memoryview slices of one little-endian buffer built
+  in a single vectorised step (no per-token Python loop).
+
+:data:`BACKEND` says which one is active. Setting ``HICACHE_PURE_PYTHON_HASH=1`` before the
+first import forces ``"python"``. Importing this module imports neither torch nor numpy: tensors
+and arrays are recognised only if their library is already loaded, and numpy is imported on
+first use only to view torch tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import re
+import sys
+from array import array
+from collections.abc import Sequence
+from typing import Any, Final, Protocol, cast
+
+from ..errors import BatchShapeError, KeyFormatError
+from ..native import load_extension
+
+__all__ = ["page_hashes"]
+
+_U32_LIMIT: Final = 1 << 32
+_LITTLE: Final = sys.byteorder == "little"
+_U32_CODES: Final = tuple(c for c in "IL" if array(c).itemsize == 4)  # 'I' (and 'L' on Windows)
+_I32_CODES: Final = tuple(c for c in "il" if array(c).itemsize == 4)
+_INT_CODES: Final = "bBhHiIlLqQ"
+_U32_CODE: Final = _U32_CODES[0]
+_HIGH_BYTE: Final = re.compile(rb"[\x80-\xff]")
+_RANGE_HINT: Final = (
+    "token ids are uint32 vocabulary indices: drop padding/sentinel values (e.g. -1) before hashing"
+)
+
+
+class _NativeModule(Protocol):
+    """The interface of the ``hicache_core._pagehash`` C extension."""
+
+    SHA256_IMPL: str  # "sha-ni" or "portable", chosen by cpuid at import
+
+    def page_hashes(
+        self, tokens: object, page_size: int, prior: bytes | None, check_sign: bool, /
+    ) -> list[str]:
+        """Chain in C; ``tokens`` is a list/tuple of ints or a buffer of little-endian uint32."""
+
+    def set_sha256_impl(self, name: str, /) -> str:
+        """Test hook: switch between "sha-ni" and "portable"; returns the previous name."""
+
+
+_NATIVE: Final = cast("_NativeModule | None", load_extension("_pagehash", "HICACHE_PURE_PYTHON_HASH"))
+#: ``"native"`` if the C extension is in use, else ``"python"``.
+BACKEND: Final[str] = "native" if _NATIVE is not None else "python"
+
+
+def page_hashes(token_ids: object, page_size: int, prior_hash: str | None = None) -> list[str]:
+    """Return the chained sha256 hex digest of every full page of ``token_ids``.
+
+    Args:
+        token_ids: a 1-D sequence of token ids in ``[0, 2**32)``: a list/tuple/range of ints,
+            an ``array.array`` of any integer typecode, a numpy integer array or a CPU torch
+            integer tensor. 4-byte arrays (``array('I')``/``array('i')``, numpy ``uint32``/
+            ``int32``, torch ``int32``) are hashed in place without copying; other integer
+            dtypes are range-checked and converted once.
+        page_size: tokens per page, ``> 0``.
+        prior_hash: hex digest of the page that precedes ``token_ids[0]`` (64 hex characters,
+            either case), or ``None`` at the start of a sequence. Hashing ``a + b`` at once
+            equals hashing ``b`` with ``prior_hash=page_hashes(a, ...)[-1]`` when ``len(a)``
+            is a multiple of ``page_size``.
+
+    Returns:
+        ``len(token_ids) // page_size`` lowercase 64-character hex digests. A trailing
+        partial page is *not* hashed (its hash would depend on where the sequence was cut);
+        its tokens are still validated. Empty or shorter-than-one-page input gives ``[]``.
+
+    Raises:
+        BatchShapeError: ``page_size <= 0``; ``token_ids`` not 1-D, not integers, on a
+            non-CPU device, a ``bytes``-like object or ``str``; or an id outside ``[0, 2**32)``.
+        KeyFormatError: ``prior_hash`` is not ``None`` or a 64-character hex string (an empty
+            string is rejected too, unlike SGLang which treats it as ``None``).
+    """
+    return _page_hashes(token_ids, page_size, prior_hash, _NATIVE)
+
+
+def _page_hashes(
+    token_ids: object, page_size: int, prior_hash: str | None, native: _NativeModule | None
+) -> list[str]:
+    """:func:`page_hashes` with an explicit backend (``native=None`` is the pure-Python path)."""
+    size = _check_page_size(page_size)
+    prior = _check_prior(prior_hash)
+    tokens, check_sign = _prepare(token_ids, native is not None)
+    if native is not None:
+        try:
+            return native.page_hashes(tokens, size, prior, check_sign)
+        except (OverflowError, TypeError) as exc:
+            raise BatchShapeError(str(exc)) from exc
+    return _chain_python(tokens, size, prior, check_sign)
+
+
+def _check_page_size(page_size: object) -> int:
+    if isinstance(page_size, bool) or not hasattr(page_size, "__index__"):
+        raise BatchShapeError(f"page_size must be a positive int, got {page_size!r}")
+    size = int(cast(Any, page_size).__index__())
+    if size <= 0:
+        raise BatchShapeError(f"page_size must be a positive int (tokens per page), got {size}")
+    return size
+
+
+def _check_prior(prior_hash: object) -> bytes | None:
+    if prior_hash is None:
+        return None
+    if isinstance(prior_hash, str) and len(prior_hash) == 64:
+        try:
+            raw = bytes.fromhex(prior_hash)
+        except ValueError:
+            raw = b""
+        if len(raw) == 32:
+            return raw
+    raise KeyFormatError(
+        f"prior_hash must be None or a sha256 hex digest (64 hex characters), got {prior_hash!r:.90}; "
+        "pass the last hash returned by page_hashes() for the preceding pages, or None"
+    )
+
+
+def _prepare(token_ids: object, native: bool) -> tuple[object, bool]:
+    """Return ``(tokens, check_sign)``: tokens are a list/tuple (native only) or an LE-uint32 buffer.
+
+    ``check_sign`` is true for int32 buffers, whose negative words the backend must reject.
+    """
+    if isinstance(token_ids, (bytes, bytearray, str)):
+        raise BatchShapeError(
+            f"token_ids is a {type(token_ids).__name__} object, not a token list; pass the ids as a list of "
+            "ints or array('I', ...) (decode raw little-endian uint32 bytes with array('I', data))"
+        )
+    if isinstance(token_ids, array):
+        return _from_array(token_ids)
+    if isinstance(token_ids, memoryview):
+        return _from_memoryview(token_ids)
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(token_ids, np.ndarray):
+        return _from_numpy(token_ids)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(token_ids, torch.Tensor):
+        return _from_torch(token_ids, torch)
+    if isinstance(token_ids, (list, tuple)):
+        return (token_ids if native else _seq_to_u32(token_ids)), False
+    if isinstance(token_ids, Sequence):
+        return _seq_to_u32(token_ids), False
+    raise BatchShapeError(
+        f"token_ids must be a 1-D sequence of ints (list, tuple, array.array, numpy array or CPU "
+        f"torch tensor), got {type(token_ids).__name__}"
+    )
+
+
+def _to_le(buf: array[int]) -> array[int]:
+    if not _LITTLE:
+        buf = array(buf.typecode, buf)
+        buf.byteswap()
+    return buf
+
+
+def _from_array(arr: array[int]) -> tuple[object, bool]:
+    if arr.typecode in _U32_CODES:
+        return _to_le(arr), False
+    if arr.typecode in _I32_CODES:
+        return _to_le(arr), True
+    if arr.typecode in _INT_CODES:
+        return _seq_to_u32(arr), False
+    raise BatchShapeError(
+        f"array.array typecode {arr.typecode!r} does not hold integers; use array('I', ...) of token ids"
+    )
+
+
+def _from_memoryview(view: memoryview) -> tuple[object, bool]:
+    if view.ndim != 1:
+        raise BatchShapeError(f"token_ids must be 1-D, got a memoryview with shape {view.shape}")
+    prefix = view.format[:1] if view.format[:1] in "@=<>!" else ""
+    code = view.format[len(prefix) :]
+    if code in ("B", "b", "c"):
+        raise BatchShapeError(
+            "token_ids is a byte memoryview, not a token list; if it holds little-endian uint32 ids, "
+            "pass view.cast('I') or array('I', view)"
+        )
+    if len(code) != 1 or code not in _INT_CODES + "nN":
+        raise BatchShapeError(f"memoryview format {view.format!r} is not an integer format; pass token ids")
+    little = prefix == "<" or (prefix in ("", "@", "=") and _LITTLE)
+    if view.itemsize == 4 and little and view.c_contiguous:
+        return view, code in "il"
+    try:
+        return _seq_to_u32(view), False
+    except NotImplementedError as exc:  # non-native formats such as '>I'
+        raise BatchShapeError(
+            f"memoryview format {view.format!r} is not supported; pass array('I', ...)"
+        ) from exc
+
+
+def _from_numpy(arr: Any) -> tuple[object, bool]:
+    if arr.ndim != 1:
+        raise BatchShapeError(f"token_ids must be 1-D, got a numpy array of shape {arr.shape}; use .ravel()")
+    if arr.dtype.kind not in "iu":
+        raise BatchShapeError(f"token_ids must have an integer dtype, got numpy {arr.dtype}")
+    if arr.dtype.str in ("<u4", "<i4"):
+        return _np_le_buffer(arr), arr.dtype.str == "<i4"
+    if arr.size:
+        _check_range(int(arr.min()), int(arr.max()), arr)
+    return _np_le_buffer(arr.astype("<u4")), False
+
+
+def _np_le_buffer(arr: Any) -> object:
+    """A C-contiguous buffer of ``arr``'s bytes (zero-copy when ``arr`` already is contiguous)."""
+    arr = sys.modules["numpy"].ascontiguousarray(arr)
+    return arr if _LITTLE else arr.tobytes()
+
+
+def _numpy_available() -> bool:
+    """Import numpy on first use (never at module import); ``False`` if it is not installed."""
+    try:
+        importlib.import_module("numpy")
+    except ImportError:
+        return False
+    return True
+
+
+def _from_torch(tensor: Any, torch: Any) -> tuple[object, bool]:
+    if tensor.device.type != "cpu":
+        raise BatchShapeError(
+            f"token_ids must be a CPU tensor, got device {tensor.device}; call .cpu() first"
+        )
+    if tensor.dim() != 1:
+        raise BatchShapeError(f"token_ids must be 1-D, got a tensor of shape {tuple(tensor.shape)}")
+    if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
+        raise BatchShapeError(f"token_ids must have an integer dtype, got {tensor.dtype}")
+    if not _numpy_available():  # torch without numpy: one C-level conversion (range-checked)
+        return _seq_to_u32(tensor.tolist()), False
+    if tensor.dtype == torch.int32:  # zero-copy view of the (contiguous) tensor's memory
+        return _np_le_buffer(tensor.contiguous().numpy()), True
+    wide = tensor if tensor.dtype == torch.int64 else tensor.to(torch.int64)
+    if wide.numel():
+        _check_range(int(wide.min()), int(wide.max()), wide)
+    return _np_le_buffer(wide.numpy().astype("<u4")), False
+
+
+def _check_range(lo: int, hi: int, values: Any) -> None:
+    """Raise if ``[lo, hi]`` (the min and max of ``values``) is not inside ``[0, 2**32)``."""
+    if lo < 0:
+        index, bad = int(values.argmin()), lo
+    elif hi >= _U32_LIMIT:
+        index, bad = int(values.argmax()), hi
+    else:
+        return
+    raise BatchShapeError(f"token_ids[{index}] = {bad} is outside [0, 2**32); {_RANGE_HINT}")
+
+
+def _seq_to_u32(seq: Sequence[int] | memoryview | array[int]) -> array[int]:
+    """Convert in one C-level pass (range-checked by ``array``), little-endian."""
+    try:
+        return _to_le(array(_U32_CODE, seq))
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise BatchShapeError(_describe_bad_token(seq)) from exc
+
+
+def _describe_bad_token(seq: Sequence[object] | memoryview | array[int]) -> str:
+    """Error path only: find the first offending element and say how to fix it."""
+    for i, tok in enumerate(seq):
+        if not hasattr(tok, "__index__"):
+            return (
+                f"token_ids[{i}] is a {type(tok).__name__}, not an int; token ids must be a flat (1-D) "
+                "sequence of ints"
+            )
+        value = int(cast(Any, tok).__index__())
+        if not 0 <= value < _U32_LIMIT:
+            return f"token_ids[{i}] = {value} is outside [0, 2**32); {_RANGE_HINT}"
+    return "token_ids could not be converted to uint32 token ids"
+
+
+def _chain_python(tokens: object, page_size: int, prior: bytes | None, check_sign: bool) -> list[str]:
+    """The pure-Python chain: one hashlib call per page over memoryview slices."""
+    view = memoryview(cast(Any, tokens))
+    try:
+        data = view if view.format == "B" else view.cast("B")
+    except (TypeError, ValueError):  # e.g. an explicit '<I' format
+        data = memoryview(view.tobytes())
+    if check_sign:
+        match = _HIGH_BYTE.search(data[3::4].tobytes())
+        if match is not None:
+            i = match.start()
+            value = int.from_bytes(data[4 * i : 4 * i + 4], "little", signed=True)
+            raise BatchShapeError(f"token_ids[{i}] = {value} is outside [0, 2**32); {_RANGE_HINT}")
+    step = 4 * page_size
+    end = len(data) - len(data) % step
+    sha256 = hashlib.sha256
+    out: list[str] = []
+    append = out.append
+    prev = prior or b""
+    for off in range(0, end, step):
+        h = sha256(prev)
+        h.update(data[off : off + step])
+        prev = h.digest()
+        append(prev.hex())
+    return out

@@ -1,0 +1,458 @@
+"""Host memory pools: CPU torch tensors holding KV, Mamba state, DSA indexer and draft pages.
+
+Every pool is a set of *components* (``k``/``v`` for MHA, ``kv`` for MLA, ``temporal`` and
+``conv_i`` for Mamba, ``indexer`` for DSA). Each component is one ``torch.uint8`` buffer:
+
+* ``page_first``: shape ``(num_pages, num_layers, bytes_per_layer)``; a page of a component
+  is one contiguous run of bytes, so zero-copy backends can move it by ``(ptr, size)``;
+* ``layer_first``: shape ``(num_layers, num_pages, bytes_per_layer)``; a page is a strided
+  view (one run per layer) and is moved by copy.
+
+The byte order of a page view is the same in both layouts (layer-major), so a page stored from
+one layout reads back correctly into the other. Typed views (``pool.typed("k")``) expose the
+logical dtype and shape for the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import BatchShapeError, PoolError
+from ..types import HitPolicy, Layout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..config import StorageConfig
+
+__all__ = [
+    "Allocator",
+    "ComponentSpec",
+    "HostPool",
+    "IndexerPool",
+    "MHAKVPool",
+    "MLAKVPool",
+    "MambaPool",
+    "torch_allocator",
+]
+
+Allocator = Callable[[int], torch.Tensor]
+"""``alloc(nbytes) -> flat torch.uint8 CPU tensor`` of exactly ``nbytes`` bytes."""
+
+ALIGN = 64  # component buffers carved from one region start on a cache line
+
+
+def torch_allocator(nbytes: int) -> torch.Tensor:
+    """The default allocator: zeroed, plain torch CPU memory."""
+    return torch.zeros(nbytes, dtype=torch.uint8)
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """One component of a page: ``num_layers`` blocks of ``shape`` elements of ``dtype``."""
+
+    name: str
+    num_layers: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_layer(self) -> int:
+        return math.prod(self.shape) * _itemsize(self.dtype)
+
+    @property
+    def page_nbytes(self) -> int:
+        return self.num_layers * self.bytes_per_layer
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+class HostPool:
+    """A host pool of ``num_pages`` pages (slots), each made of the given components.
+
+    Construct with ``allocate=False`` to plan a pool whose memory will come from the store
+    (see :meth:`HostPoolGroup.allocate`). Subclasses only choose components, the hit policy
+    and whether the data is the same on every rank (``rank_replicated``).
+    """
+
+    hit_policy: HitPolicy = HitPolicy.ALL_PAGES
+    rank_replicated: bool = False
+
+    def __init__(
+        self,
+        components: Sequence[ComponentSpec],
+        num_pages: int,
+        *,
+        layout: Layout | str = Layout.PAGE_FIRST,
+        page_size: int = 1,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> None:
+        if num_pages <= 0:
+            raise PoolError(f"{type(self).__name__}: num_pages must be positive, got {num_pages}")
+        if page_size <= 0:
+            raise PoolError(f"{type(self).__name__}: page_size must be positive, got {page_size}")
+        if not components:
+            raise PoolError(f"{type(self).__name__}: a pool needs at least one component")
+        names = [c.name for c in components]
+        if len(set(names)) != len(names):
+            raise PoolError(f"{type(self).__name__}: duplicate component names {names}")
+        for c in components:
+            if c.num_layers <= 0 or c.page_nbytes < 0 or any(d < 0 for d in c.shape):
+                raise PoolError(f"{type(self).__name__}: invalid component {c}")
+        self.specs: tuple[ComponentSpec, ...] = tuple(components)
+        self.num_pages = int(num_pages)
+        self.page_size = int(page_size)
+        self.layout = Layout(layout)
+        self._buffers: tuple[torch.Tensor, ...] | None = None
+        if allocate:
+            self.allocate(allocator or torch_allocator)
+
+    # ----------------------------------------------------------------- geometry
+    @property
+    def components(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.specs)
+
+    @property
+    def component_nbytes(self) -> tuple[int, ...]:
+        """Bytes of one page of each component."""
+        return tuple(c.page_nbytes for c in self.specs)
+
+    @property
+    def page_nbytes(self) -> int:
+        """Bytes of one page over all components."""
+        return sum(self.component_nbytes)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this pool needs when carved from one region (components 64-byte aligned)."""
+        return sum(_aligned(c.page_nbytes * self.num_pages) for c in self.specs)
+
+    # --------------------------------------------------------------- allocation
+    @property
+    def allocated(self) -> bool:
+        return self._buffers is not None
+
+    def allocate(self, allocator: Allocator = torch_allocator) -> None:
+        """Allocate this pool's memory as one region from ``allocator``."""
+        self.bind(_checked_alloc(allocator, self.nbytes))
+
+    def bind(self, memory: torch.Tensor) -> None:
+        """Carve the component buffers out of ``memory`` (a flat uint8 CPU tensor)."""
+        if self._buffers is not None:
+            raise PoolError(f"{type(self).__name__}: pool memory is already allocated")
+        check_region(memory, self.nbytes)
+        buffers = []
+        offset = 0
+        for c in self.specs:
+            n = c.page_nbytes * self.num_pages
+            flat = memory[offset : offset + n]
+            if self.layout is Layout.PAGE_FIRST:
+                buf = flat.view(self.num_pages, c.num_layers, c.bytes_per_layer)
+            else:
+                buf = flat.view(c.num_layers, self.num_pages, c.bytes_per_layer)
+            buffers.append(buf)
+            offset += _aligned(n)
+        self._buffers = tuple(buffers)
+
+    def buffers(self) -> tuple[torch.Tensor, ...]:
+        """The underlying uint8 buffers, one per component, in component order."""
+        if self._buffers is None:
+            raise PoolError(
+                f"{type(self).__name__} is not allocated yet; call allocate() or let "
+                "CacheController / HostPoolGroup.allocate() take memory from the store"
+            )
+        return self._buffers
+
+    def buffer(self, component: str) -> torch.Tensor:
+        try:
+            i = self.components.index(component)
+        except ValueError:
+            raise PoolError(
+                f"{type(self).__name__} has no component {component!r}; "
+                f"components are {list(self.components)}"
+            ) from None
+        return self.buffers()[i]
+
+    def typed(self, component: str) -> torch.Tensor:
+        """A typed view of one component: ``(pages, layers, *shape)`` or ``(layers, pages, *shape)``."""
+        spec = self.specs[self.components.index(component)]
+        buf = self.buffer(component)
+        lead = tuple(buf.shape[:2])
+        return buf.view(spec.dtype).view(*lead, *spec.shape)
+
+    # -------------------------------------------------------------------- pages
+    def check_indices(self, indices: Iterable[int]) -> list[int]:
+        """Validate host page indices and return them as a list of ints."""
+        tolist = getattr(indices, "tolist", None)
+        try:
+            out = _as_indices(tolist() if tolist is not None else indices)
+        except TypeError:
+            raise BatchShapeError(
+                f"host page indices must be integers (a sequence of int or an integer tensor), got {indices!r:.80}"
+            ) from None
+        if out and (min(out) < 0 or max(out) >= self.num_pages):
+            bad = next(i for i in out if i < 0 or i >= self.num_pages)
+            raise BatchShapeError(
+                f"host page index {bad} is out of range for {type(self).__name__} with "
+                f"{self.num_pages} pages (valid: 0..{self.num_pages - 1})"
+            )
+        return out
+
+    def page_views(self, indices: Iterable[int]) -> list[tuple[torch.Tensor, ...]]:
+        """Per page, one uint8 view per component (contiguous only for ``page_first``)."""
+        idx = self.check_indices(indices)
+        bufs = self.buffers()
+        if self.layout is Layout.PAGE_FIRST:
+            if not idx:
+                return []
+            runs = _runs(idx)  # one tensor op per run of consecutive pages, not per page
+            cols: list[list[torch.Tensor]] = []
+            for b in bufs:
+                flat = b.view(b.shape[0], -1)
+                col: list[torch.Tensor] = []
+                for start, stop in runs:
+                    col.extend(flat[start:stop].unbind(0))
+                cols.append(col)
+            return list(zip(*cols))
+        return [tuple(b[:, i, :] for b in bufs) for i in idx]
+
+    def page_meta(self, indices: Iterable[int]) -> list[tuple[tuple[int, int], ...]]:
+        """Per page, ``(ptr, size)`` of each component, for zero-copy transports.
+
+        Only ``page_first`` pools have contiguous pages; a ``layer_first`` pool raises
+        :class:`PoolError`.
+        """
+        if self.layout is not Layout.PAGE_FIRST:
+            raise PoolError(
+                f"{type(self).__name__} uses the layer_first layout; zero-copy needs "
+                "page_first (set layout='page_first' in the config and the pools)"
+            )
+        idx = self.check_indices(indices)
+        metas = [(b.data_ptr(), b.stride(0), b[0].numel()) for b in self.buffers()]
+        return [tuple((base + i * stride, size) for base, stride, size in metas) for i in idx]
+
+    def __repr__(self) -> str:
+        state = "allocated" if self.allocated else "planned"
+        return (
+            f"{type(self).__name__}(pages={self.num_pages}, page_size={self.page_size}, "
+            f"layout={self.layout.value}, components={list(self.components)}, "
+            f"page_nbytes={self.page_nbytes}, {state})"
+        )
+
+
+def _as_indices(values: Iterable[int]) -> list[int]:
+    """``[operator.index(v) for v in values]``; a list of exact ints (what ``tolist()`` gives) is
+    only copied. The copy is what gets checked and returned."""
+    out = list(values)
+    if operator.countOf(map(type, out), int) != len(out):
+        out = [operator.index(i) for i in out]
+    return out
+
+
+def _runs(idx: list[int]) -> list[tuple[int, int]]:
+    """``[3, 4, 5, 9]`` -> ``[(3, 6), (9, 10)]``: half-open runs of consecutive indices."""
+    out = []
+    start = prev = idx[0]
+    for i in idx[1:]:
+        if i != prev + 1:
+            out.append((start, prev + 1))
+            start = i
+        prev = i
+    out.append((start, prev + 1))
+    return out
+
+
+def _checked_alloc(allocator: Allocator, nbytes: int) -> torch.Tensor:
+    memory = allocator(nbytes)
+    check_region(memory, nbytes)
+    return memory
+
+
+def check_region(memory: torch.Tensor, nbytes: int) -> None:
+    if not isinstance(memory, torch.Tensor):
+        raise PoolError(f"pool memory must be a torch.Tensor, got {type(memory).__name__}")
+    if memory.dtype != torch.uint8 or memory.dim() != 1 or not memory.is_contiguous():
+        raise PoolError("pool memory must be a flat, contiguous torch.uint8 tensor")
+    if memory.device.type != "cpu":
+        raise PoolError(f"pool memory must be on the CPU, got device {memory.device}")
+    if memory.numel() < nbytes:
+        raise PoolError(f"pool memory holds {memory.numel()} bytes but {nbytes} are needed")
+
+
+class MHAKVPool(HostPool):
+    """MHA KV cache: components ``k`` and ``v``, each ``(page_size, num_heads, head_dim)`` per layer."""
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        num_layers: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        layout: Layout | str = Layout.PAGE_FIRST,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> None:
+        shape = (page_size, num_heads, head_dim)
+        self.dtype = dtype
+        super().__init__(
+            [ComponentSpec("k", num_layers, shape, dtype), ComponentSpec("v", num_layers, shape, dtype)],
+            num_pages,
+            layout=layout,
+            page_size=page_size,
+            allocate=allocate,
+            allocator=allocator,
+        )
+
+
+class MLAKVPool(HostPool):
+    """MLA KV cache: one component ``kv`` of ``(page_size, kv_dim)`` per layer, rank-replicated."""
+
+    rank_replicated = True
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        num_layers: int,
+        kv_dim: int,
+        dtype: torch.dtype = torch.bfloat16,
+        *,
+        layout: Layout | str = Layout.PAGE_FIRST,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> None:
+        self.dtype = dtype
+        super().__init__(
+            [ComponentSpec("kv", num_layers, (page_size, kv_dim), dtype)],
+            num_pages,
+            layout=layout,
+            page_size=page_size,
+            allocate=allocate,
+            allocator=allocator,
+        )
+
+
+class MambaPool(HostPool):
+    """Mamba state: one slot per page index; a ``temporal`` buffer plus ``conv_0..conv_n``.
+
+    Only the state at the end of a prefix is needed to resume, so the hit policy is
+    ``TRAILING_PAGES``. State differs per TP rank.
+    """
+
+    hit_policy = HitPolicy.TRAILING_PAGES
+
+    def __init__(
+        self,
+        num_slots: int,
+        num_layers: int,
+        temporal_shape: Sequence[int],
+        conv_shapes: Sequence[Sequence[int]],
+        temporal_dtype: torch.dtype = torch.float32,
+        conv_dtype: torch.dtype = torch.bfloat16,
+        *,
+        layout: Layout | str = Layout.PAGE_FIRST,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> None:
+        specs = []
+        if math.prod(temporal_shape) > 0:
+            specs.append(ComponentSpec("temporal", num_layers, tuple(temporal_shape), temporal_dtype))
+        specs += [
+            ComponentSpec(f"conv_{i}", num_layers, tuple(s), conv_dtype) for i, s in enumerate(conv_shapes)
+        ]
+        super().__init__(specs, num_slots, layout=layout, allocate=allocate, allocator=allocator)
+
+    @classmethod
+    def for_node(
+        cls,
+        config: StorageConfig,
+        num_layers: int,
+        temporal_shape: Sequence[int],
+        conv_shapes: Sequence[Sequence[int]],
+        temporal_dtype: torch.dtype = torch.float32,
+        conv_dtype: torch.dtype = torch.bfloat16,
+        *,
+        num_slots: int | None,
+        max_running_requests: int,
+        pre_alloc_size: int = 0,
+        extra_buffer: bool,
+        overlap_schedule: bool,
+        layout: Layout | str | None = None,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> MambaPool:
+        """A Mamba pool sized for this node.
+
+        On a PD decode node (``config.disaggregation_mode == "decode"``) the slot count comes from
+        :func:`hicache_core.sizing.decode_mamba_pool_size` (``num_slots`` is the configured size,
+        raised with a warning when too small; ``None`` means "exactly what is needed").
+        ``extra_buffer`` is the scheduler's strategy *before* the decode normalisation. Elsewhere
+        ``num_slots`` is required and used as is.
+        """
+        from .sizing import decode_mamba_pool_size
+
+        if config.disaggregation_mode == "decode":
+            num_slots = decode_mamba_pool_size(
+                max_running_requests,
+                pre_alloc_size,
+                num_slots,
+                extra_buffer=extra_buffer,
+                overlap_schedule=overlap_schedule,
+            )
+        elif num_slots is None:
+            raise PoolError("MambaPool.for_node: pass num_slots (only PD decode nodes derive it)")
+        return cls(
+            num_slots,
+            num_layers,
+            temporal_shape,
+            conv_shapes,
+            temporal_dtype,
+            conv_dtype,
+            layout=config.layout if layout is None else layout,
+            allocate=allocate,
+            allocator=allocator,
+        )
+
+
+class IndexerPool(HostPool):
+    """DSA (NSA) indexer cache: one component ``indexer`` of ``(page_size, index_dim)`` per layer.
+
+    Every page of a prefix is needed (``ALL_PAGES``); like MLA KV it is rank-replicated.
+    """
+
+    rank_replicated = True
+
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        num_layers: int,
+        index_dim: int,
+        dtype: torch.dtype = torch.uint8,
+        *,
+        layout: Layout | str = Layout.PAGE_FIRST,
+        allocate: bool = True,
+        allocator: Allocator | None = None,
+    ) -> None:
+        super().__init__(
+            [ComponentSpec("indexer", num_layers, (page_size, index_dim), dtype)],
+            num_pages,
+            layout=layout,
+            page_size=page_size,
+            allocate=allocate,
+            allocator=allocator,
+        )

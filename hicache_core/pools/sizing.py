@@ -1,0 +1,115 @@
+"""Sizing helpers: the standalone shared-mapping size and Mamba slots on a PD decode node."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import ConfigError, PoolError
+
+__all__ = ["decode_mamba_pool_size", "standalone_required_bytes"]
+
+log = logging.getLogger("hicache")
+
+# Attributes of SGLang-style pools that hold hybrid buffers, tried when a pool has no buffers().
+_HYBRID_ATTRS = ("kv_buffer", "k_buffer", "v_buffer", "temporal", "conv", "index_k_buffer", "buffer")
+
+
+def _pool_buffers(name: str, pool: Any) -> list[Any]:
+    if pool is None:
+        raise PoolError(
+            f"standalone sizing: pool {name!r} is missing (None); register every pool that will be "
+            "offloaded before sizing the shared mapping"
+        )
+    buffers = getattr(pool, "buffers", None)
+    if callable(buffers):
+        if not getattr(pool, "allocated", True):
+            return [("planned", pool.nbytes)]
+        out = list(buffers())
+    else:
+        getter = getattr(pool, "get_hybrid_pool_buffer", None)
+        if callable(getter):
+            found = getter()
+        else:
+            found = [getattr(pool, a) for a in _HYBRID_ATTRS if getattr(pool, a, None) is not None]
+        out = []
+        for b in found if isinstance(found, (list, tuple)) else [found]:
+            out.extend(b if isinstance(b, (list, tuple)) else [b])
+    if not out:
+        raise PoolError(
+            f"standalone sizing: pool {name!r} ({type(pool).__name__}) exposes no buffers; give it a "
+            "buffers() method returning its torch tensors"
+        )
+    return out
+
+
+def standalone_required_bytes(pools: Any) -> int:
+    """Bytes the standalone Mooncake client must map for these host pools.
+
+    The sum over UNIQUE buffers (deduplicated by ``data_ptr()``) of the KV anchor plus every
+    pool's hybrid buffers (Mamba temporal and conv, DSA indexer, draft KV). ``pools`` is a
+    :class:`~hicache_core.HostPoolGroup`, a mapping ``name -> pool`` (which must hold ``"kv"``),
+    or a single pool. Planned (unallocated) pools count their planned size. A missing pool, or
+    one without buffers, raises :class:`~hicache_core.PoolError`.
+    """
+    if isinstance(pools, Mapping):
+        items = [(str(getattr(k, "value", k)), v) for k, v in pools.items()]
+        if "kv" not in {n for n, _ in items}:
+            raise PoolError(
+                f"standalone sizing needs the KV anchor pool under 'kv'; got pools {[n for n, _ in items]}"
+            )
+    elif isinstance(pools, Iterable) and not hasattr(pools, "buffers"):
+        items = [(f"pool[{i}]", p) for i, p in enumerate(pools)]
+    else:
+        items = [("kv", pools)]
+    seen: set[int] = set()
+    total = 0
+    for name, pool in items:
+        for buf in _pool_buffers(name, pool):
+            if isinstance(buf, tuple) and buf[0] == "planned":
+                total += int(buf[1])
+                continue
+            ptr = int(buf.data_ptr())
+            if ptr in seen:
+                continue
+            seen.add(ptr)
+            total += int(buf.numel()) * int(buf.element_size())
+    return total
+
+
+def decode_mamba_pool_size(
+    size: int,
+    pre_alloc_size: int,
+    mamba_size: int | None = None,
+    *,
+    extra_buffer: bool,
+    overlap_schedule: bool,
+) -> int:
+    """Mamba slots a PD decode node needs (SGLang PR 22462).
+
+    ``slots_per_req = 1 + (ping_pong if extra_buffer else 0)`` with ``ping_pong = 2`` under the
+    overlap schedule, else 1; ``needed = (size + pre_alloc_size) * slots_per_req``. Returns
+    ``max(mamba_size, needed)`` (``needed`` when ``mamba_size`` is None) and logs one warning with
+    both numbers when it raises ``mamba_size``. Negative inputs raise :class:`ConfigError`.
+    """
+    for label, value in (("size", size), ("pre_alloc_size", pre_alloc_size), ("mamba_size", mamba_size)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+            raise ConfigError(f"decode_mamba_pool_size: {label} must be a non-negative int, got {value!r}")
+    ping_pong = 2 if overlap_schedule else 1
+    slots_per_req = 1 + (ping_pong if extra_buffer else 0)
+    needed = (size + pre_alloc_size) * slots_per_req
+    if mamba_size is None:
+        return needed
+    if needed > mamba_size:
+        log.warning(
+            "hicache: raising the Mamba pool from %d to %d slots for a PD decode node "
+            "((size %d + pre_alloc %d) x %d slots per request)",
+            mamba_size,
+            needed,
+            size,
+            pre_alloc_size,
+            slots_per_req,
+        )
+        return needed
+    return mamba_size

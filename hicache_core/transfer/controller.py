@@ -1,0 +1,327 @@
+"""``CacheController``: moves pages between host pools and the selected storage backend.
+
+It attaches a store (registers every pool through ``hicache_register_pool``), picks the I/O
+path once (v2 when declared and the layout allows it, else v1), resolves draft offload from
+the declared ``hicache_draft_io_capability`` (never from a backend name), and runs ``backup``,
+``query`` and ``prefetch`` synchronously or on a thread pool.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from ..config import StorageConfig
+from ..errors import BatchShapeError, ConfigError, HiCacheError, PoolError
+from ..plugin import Store
+from ..pools import HostPool, HostPoolGroup
+from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName
+from .path import IoPath, Request, TransferPath
+from .plan import IndexLike, Plan, plan_request, restorable, usable
+from .prefetch import PrefetchHandle
+from .results import QueryResult, TransferResult
+
+__all__ = ["CacheController", "DraftOffloadDisabledWarning", "PrefetchHandle"]
+
+log = logging.getLogger("hicache")
+T = TypeVar("T")
+
+
+class DraftOffloadDisabledWarning(UserWarning):
+    """Draft KV offload was disabled for this store (the message says why)."""
+
+
+class CacheController:
+    """Attach ``pools`` to the store named by ``config`` and move pages.
+
+    ``pools`` may be planned (``allocate=False``): the controller then allocates them in one
+    region from the store (``hicache_alloc_host_memory``). Pass ``store=`` to share an open
+    store; otherwise the controller opens (and on :meth:`close` closes) its own.
+    """
+
+    def __init__(
+        self, config: StorageConfig, pools: HostPoolGroup | HostPool, *, store: Store | None = None
+    ) -> None:
+        self.config = config
+        self.settings = config.controller
+        self.pools = pools if isinstance(pools, HostPoolGroup) else HostPoolGroup(pools)
+        self._owns_store = store is None
+        # Backend calls run here only when io_timeout_s is set; abandoned (stuck) calls keep a
+        # thread each, so the pool is larger than the number of concurrent operations. Threads
+        # start on first use.
+        self._call_pool = ThreadPoolExecutor(
+            4 * self.settings.io_threads + 4, thread_name_prefix="hicache-call"
+        )
+        self.store = store if store is not None else Store(config)
+        try:
+            self._attach()
+        except BaseException:
+            if self._owns_store:
+                self.store.close()
+            raise
+        self._executor = ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="hicache-io")
+        self._closed = False
+
+    # ----------------------------------------------------------------- attach
+    def _attach(self) -> None:
+        store, caps, cfg = self.store, self.store.capabilities, self.config
+        anchor = self.pools.anchor
+        if anchor.rank_replicated != cfg.is_mla_model:
+            raise ConfigError(
+                f"config.is_mla_model={cfg.is_mla_model} but the KV pool is a {type(anchor).__name__}; "
+                "set is_mla_model=True exactly when the KV pool is rank-replicated (MLAKVPool)"
+            )
+        for name, pool in self.pools.items():
+            if pool.layout is not cfg.layout:
+                raise PoolError(
+                    f"pool {name.value!r} uses layout {pool.layout.value!r} but config.layout is "
+                    f"{cfg.layout.value!r}; build every pool with the configured layout"
+                )
+        if not self.pools.allocated:
+            self.pools.allocate(store.alloc_host_memory)
+        self.io_path: IoPath = (
+            "v2" if caps.v2 and (cfg.layout is Layout.PAGE_FIRST or not caps.zero_copy) else "v1"
+        )
+        if self.io_path == "v1" and not caps.v1:
+            raise PoolError(
+                f"backend {store.name!r} only implements zero-copy v2, which needs layout='page_first'; "
+                f"config.layout is {cfg.layout.value!r}"
+            )
+        self.draft_io, draft_path = self._resolve_draft()
+        for name, pool in self.pools.items():
+            if name is PoolName.DRAFT and draft_path is None:
+                continue
+            store.register_pool(name, pool)
+        self.path = self._transfer_path(self.io_path)
+        self.draft_path = self._transfer_path(draft_path) if draft_path is not None else None
+
+    def _transfer_path(self, io_path: IoPath) -> TransferPath:
+        settings = self.settings
+        return TransferPath(
+            self.store,
+            io_path,
+            batch_pages=settings.batch_pages,
+            owner=self.config.tp_rank == 0,
+            io_timeout_s=settings.io_timeout_s,
+            call_pool=self._call_pool,
+        )
+
+    def _resolve_draft(self) -> tuple[DraftIo, IoPath | None]:
+        if PoolName.DRAFT not in self.pools:
+            return DraftIo(DraftIoMode.UNSUPPORTED, "no draft pool in this HostPoolGroup"), None
+        store, caps = self.store, self.store.capabilities
+        try:
+            declared = store.draft_io()
+        except HiCacheError as err:
+            declared = DraftIo(DraftIoMode.UNSUPPORTED, f"hicache_draft_io_capability failed: {err}")
+        reason = ""
+        path: IoPath | None = None
+        if declared.mode is DraftIoMode.ZERO_COPY_V2:
+            if self.config.should_split_heads:
+                reason = "should_split_heads=True is incompatible with zero-copy v2 draft I/O"
+            elif self.io_path != "v2" or PoolName.DRAFT not in caps.pools:
+                reason = "zero-copy v2 draft I/O needs the v2 path with layout='page_first'"
+            else:
+                path = "v2"
+        elif declared.mode is DraftIoMode.GENERIC:
+            if caps.v1 and PoolName.DRAFT in caps.pools:
+                path = "v1"
+            else:
+                reason = "generic draft I/O needs the v1 path and the 'draft' pool"
+        else:
+            reason = declared.reason or "the backend declares draft I/O unsupported"
+            if self.config.should_split_heads and caps.draft_io is DraftIoMode.ZERO_COPY_V2:
+                reason = f"should_split_heads=True disables zero-copy v2 draft I/O ({reason})"
+        if path is None:
+            msg = f"hicache: draft KV offload disabled for backend {store.name!r}: {reason}"
+            log.warning(msg)
+            warnings.warn(msg, DraftOffloadDisabledWarning, stacklevel=4)
+            return DraftIo(DraftIoMode.UNSUPPORTED, reason), None
+        return declared, path
+
+    @property
+    def draft_enabled(self) -> bool:
+        return self.draft_path is not None
+
+    # ------------------------------------------------------------- operations
+    def backup(
+        self,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Mapping[PoolName | str, IndexLike] | None = None,
+    ) -> TransferResult:
+        """Write pages host -> storage, skipping pages already stored; every pool of a page goes with it.
+
+        ``host_indices[i]`` holds page ``page_hashes[i]`` in the KV pool. ``extra`` gives other
+        pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
+        trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
+        """
+        return self._prepare("backup", page_hashes, host_indices, extra)()
+
+    def backup_async(
+        self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
+    ) -> Future[TransferResult]:
+        return self._submit(self._prepare("backup", page_hashes, host_indices, extra))
+
+    def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
+        """How many leading pages can be restored: the minimum over pools under their hit policies."""
+        return self._prepare_query(page_hashes, trailing_window)()
+
+    def query_async(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> Future[QueryResult]:
+        return self._submit(self._prepare_query(page_hashes, trailing_window))
+
+    def prefetch(
+        self,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Mapping[PoolName | str, IndexLike] | None = None,
+    ) -> TransferResult:
+        """Read the restorable prefix storage -> host. ``result.pages`` pages are usable.
+
+        Trailing-state pools (Mamba) given in ``extra`` receive the state of the last restored
+        pages. Draft pages are read before the target pages; a draft failure never lowers
+        ``result.pages``.
+        """
+        return self._prepare("prefetch", page_hashes, host_indices, extra)()
+
+    def prefetch_async(
+        self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
+    ) -> PrefetchHandle:
+        stop = threading.Event()
+        run = self._prepare("prefetch", page_hashes, host_indices, extra, stop)
+        return PrefetchHandle(
+            self._submit(run), stop, self.settings.prefetch_policy, self.settings.prefetch_timeout_s
+        )
+
+    # ------------------------------------------------------------ internals
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+        if self._closed:
+            raise HiCacheError("CacheController is closed")
+        return self._executor.submit(fn)
+
+    def _prepare(
+        self,
+        kind: str,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Any,
+        stop: threading.Event | None = None,
+    ) -> Callable[[], TransferResult]:
+        """Check the arguments now (bad input raises here, not in a worker); return the run."""
+        req = _request(page_hashes)
+        plans, draft = plan_request(self.pools, len(req.hashes), host_indices, extra, self.draft_enabled)
+        if kind == "backup":
+            return lambda: self._run_backup(req, plans, draft)
+        return lambda: self._run_prefetch(req, plans, draft, stop)
+
+    def _prepare_query(self, page_hashes: Sequence[str], window: int) -> Callable[[], QueryResult]:
+        req = _request(page_hashes)
+        if type(window) is not int or window < 1:
+            raise BatchShapeError(f"trailing_window must be an int >= 1, got {window!r}")
+        return lambda: self._run_query(req, window)
+
+    def _run_backup(self, req: Request, plans: list[Plan], draft: Plan | None) -> TransferResult:
+        flags, skipped = self.path.put(req, plans)
+        draft_flags = self._draft_op(req, IoOp.SET, draft) if draft is not None else None
+        return TransferResult(
+            pages=usable(plans, flags, len(req.hashes)),
+            per_pool=flags,
+            draft=draft_flags,
+            skipped=skipped,
+            errors=tuple(req.errors),
+        )
+
+    def _draft_op(self, req: Request, op: IoOp, draft: Plan) -> list[bool]:
+        """Draft I/O on its own path and calls: a draft failure never touches the target pages."""
+        assert self.draft_path is not None
+        draft_req = Request(req.hashes)
+        try:
+            if op is IoOp.SET:
+                out = self.draft_path.put(draft_req, [draft])[0][PoolName.DRAFT]
+            else:
+                out = self.draft_path.get(draft_req, [draft], until_miss=False)[PoolName.DRAFT]
+        except Exception as err:  # never let draft break the target path
+            log.error("hicache: draft %s failed on backend %r: %s", op.value, self.store.name, err)
+            out = [False] * len(draft.positions)
+        for message in draft_req.errors:
+            log.warning("hicache: draft offload error (target pages unaffected): %s", message)
+        return out
+
+    def _run_query(self, req: Request, window: int) -> QueryResult:
+        n = len(req.hashes)
+        plans = [_whole(name, pool, n) for name, pool in self.pools.items() if name is not PoolName.DRAFT]
+        if n == 0:
+            return QueryResult(0, {p.name: 0 for p in plans})
+        pages, per_pool = restorable(plans, self.path.exists(req, plans), window)
+        return QueryResult(pages, per_pool, tuple(req.errors))
+
+    def _run_prefetch(
+        self, req: Request, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
+    ) -> TransferResult:
+        n = len(req.hashes)
+        stopped = stop.is_set if stop is not None else None
+        trailing = [len(p.positions) for p in plans if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
+        if not trailing and draft is None and self.settings.prefetch_threshold <= 1:
+            # No existence pass: GET batch by batch and stop after the first miss (at most one
+            # batch past the end of the prefix is read in vain; a round trip per batch is saved).
+            flags = self.path.get(req, plans, stopped=stopped)
+            return TransferResult(usable(plans, flags, n), flags, None, 0, tuple(req.errors))
+        probe = [_whole(p.name, p.pool, n) for p in plans]
+        pages = restorable(probe, self.path.exists(req, probe), max(trailing, default=1))[0] if n else 0
+        if pages == 0 or pages < self.settings.prefetch_threshold:
+            empty: dict[PoolName, list[bool]] = {p.name: [] for p in plans}
+            return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(req.errors))
+        target = [_prefix(p, pages) for p in plans]  # every plan re-aimed at the prefix [0, pages)
+        draft_flags = self._draft_op(req, IoOp.GET, draft.window(0, pages)) if draft is not None else None
+        flags = self.path.get(req, target, stopped=stopped)
+        return TransferResult(usable(target, flags, pages), flags, draft_flags, 0, tuple(req.errors))
+
+    # ----------------------------------------------------------------- admin
+    def clear(self) -> int:
+        """Remove this config's namespace from storage (other models and dtypes are untouched)."""
+        return self.store.clear()
+
+    def close(self) -> None:
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._executor.shutdown(wait=True)
+        self._call_pool.shutdown(wait=False, cancel_futures=True)
+        if self._owns_store:
+            self.store.close()
+
+    def __enter__(self) -> CacheController:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _request(page_hashes: Sequence[str]) -> Request:
+    if isinstance(page_hashes, (str, bytes)):
+        raise BatchShapeError("page_hashes must be a sequence of hash strings, not a single string")
+    try:
+        return Request(page_hashes)
+    except TypeError:
+        raise BatchShapeError(
+            f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
+        ) from None
+
+
+def _whole(name: PoolName, pool: HostPool, n: int) -> Plan:
+    """A plan over every position of an ``n``-page request (for existence checks only)."""
+    return Plan(name, pool, list(range(n)), [0] * n)
+
+
+def _prefix(plan: Plan, pages: int) -> Plan:
+    """``plan`` limited to the prefix ``[0, pages)``; a trailing pool's slots hold its last pages."""
+    if plan.pool.hit_policy is HitPolicy.TRAILING_PAGES:
+        k = min(len(plan.indices), pages)
+        return Plan(
+            plan.name, plan.pool, list(range(pages - k, pages)), plan.indices[len(plan.indices) - k :]
+        )
+    return plan.window(0, pages)

@@ -1,0 +1,231 @@
+"""``TransferPath``: the one place where pages move between host pools and the store.
+
+Every batch of every operation goes through here, whatever its size, for the controller and
+for every engine adapter alike:
+
+* :meth:`TransferPath.io` makes one storage call for a batch of :class:`~.plan.Plan` s: v2 (one
+  ``PoolTransfer`` per pool, one call) or v1 (one call per pool, naming it, with a page done
+  when all its components are). A failing or timed-out call reports every page of it failed and
+  records the error; it never raises.
+* :meth:`exists`, :meth:`put` and :meth:`get` split a request into batches of ``batch_pages``
+  and apply the rules every caller needs: rank-replicated pools are written by rank 0 only, a
+  put skips stored pages (with an existence pass unless the backend declares
+  ``set_skips_existing``), a get can stop after the first batch with a miss.
+
+The v1 / v2 choice is made once by whoever builds the path, from the declared capabilities.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from concurrent.futures import TimeoutError as FuturesTimeout
+from typing import Literal, TypeVar
+
+from ..errors import BackendTimeoutError, HiCacheError
+from ..paging import ValidHashes
+from ..plugin import Store
+from ..types import HitPolicy, IoOp, PoolName, PoolTransfer
+from .plan import Plan, chunks, mark
+
+__all__ = ["IoPath", "Request", "TransferPath"]
+
+log = logging.getLogger("hicache")
+T = TypeVar("T")
+IoPath = Literal["v1", "v2"]
+
+
+class Request:
+    """One operation's state: its validated page hashes, the errors met so far, and the keys
+    resolved so far (per pool, one entry per position; each page's keys are asked of the
+    ``hicache_page_keys`` hook once per operation)."""
+
+    __slots__ = ("errors", "hashes", "keys")
+
+    def __init__(self, page_hashes: Sequence[str]) -> None:
+        self.hashes = ValidHashes(page_hashes)
+        self.errors: list[str] = []
+        self.keys: dict[PoolName, list[tuple[str, ...] | None]] = {}
+
+
+class TransferPath:
+    """Batch I/O of plans through ``store`` on ``io_path`` (see the module docstring).
+
+    ``io_timeout_s`` bounds each storage call (run on ``call_pool``); past it the call's pages
+    are reported failed. ``owner`` is False on ranks that must not write rank-replicated pools.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        io_path: IoPath,
+        *,
+        batch_pages: int,
+        owner: bool = True,
+        io_timeout_s: float | None = None,
+        call_pool: Executor | None = None,
+    ) -> None:
+        if io_timeout_s is not None and call_pool is None:
+            raise ValueError("TransferPath: io_timeout_s needs a call_pool to run bounded calls on")
+        self.store = store
+        self.io_path = io_path
+        self.batch_pages = batch_pages
+        self.owner = owner
+        self.io_timeout_s = io_timeout_s
+        self.call_pool = call_pool
+        self.skips_existing = store.capabilities.set_skips_existing
+
+    # ------------------------------------------------------------ one batch
+    def keys(self, req: Request, plan: Plan) -> list[tuple[str, ...]]:
+        """The component keys of ``plan``'s pages."""
+        cache = req.keys.get(plan.name)
+        if cache is None:
+            cache = req.keys[plan.name] = [None] * len(req.hashes)
+        todo = [i for i in plan.positions if cache[i] is None]
+        if todo:
+            resolved = self.store.page_keys(plan.name, req.hashes.pick(todo))
+            for i, k in zip(todo, resolved):
+                cache[i] = k
+        return [cache[i] for i in plan.positions]  # type: ignore[misc]
+
+    def io(self, req: Request, op: IoOp, plans: Sequence[Plan]) -> list[list[bool]]:
+        """One storage call for ``plans`` (v2), or one per plan (v1); per plan, one bool per page."""
+        if self.io_path == "v2":
+            transfers = [
+                PoolTransfer(
+                    p.name,
+                    tuple(p.indices),
+                    req.hashes.pick(p.positions),
+                    HitPolicy(p.pool.hit_policy),
+                    tuple(self.keys(req, p)),
+                )
+                for p in plans
+            ]
+            return self._guard(
+                req, op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
+            )
+        return [self._io_v1(req, op, p) for p in plans]
+
+    def _io_v1(self, req: Request, op: IoOp, plan: Plan) -> list[bool]:
+        n, ncomp = len(plan.positions), len(plan.pool.components)
+        if n == 0:
+            return []
+        keys = [k for page in self.keys(req, plan) for k in page]
+        views = (
+            None if op is IoOp.EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
+        )
+        flat = self._guard(
+            req, op, lambda: [self.store.batch_io_v1(op, keys, views, plan.name)], [len(keys)]
+        )[0]
+        if ncomp == 1:
+            return flat
+        return [all(flat[i * ncomp : (i + 1) * ncomp]) for i in range(n)]  # all components done
+
+    def _guard(
+        self, req: Request, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]
+    ) -> list[list[bool]]:
+        try:
+            return call() if self.io_timeout_s is None else self._bounded(call)
+        except Exception as err:
+            n = sum(sizes)
+            msg = f"backend {self.store.name!r} failed {op.value} of {n} entries: {type(err).__name__}: {err}"
+            log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
+            req.errors.append(msg)
+            return [[False] * s for s in sizes]
+
+    def _bounded(self, call: Callable[[], T]) -> T:
+        assert self.call_pool is not None and self.io_timeout_s is not None
+        future = self.call_pool.submit(call)
+        try:
+            return future.result(timeout=self.io_timeout_s)
+        except FuturesTimeout:
+            raise BackendTimeoutError(
+                f"no answer within io_timeout_s={self.io_timeout_s}s; the call was abandoned and its "
+                "pages are reported failed (raise io_timeout_s if the backend is just slow)"
+            ) from None
+
+    # ------------------------------------------------------------- requests
+    def exists(
+        self, req: Request, plans: Sequence[Plan], *, until_miss: bool = True
+    ) -> dict[PoolName, list[bool]]:
+        """Per plan, whether each page is stored (flag ``i`` answers the plan's ``i``-th position).
+
+        ``until_miss``: stop after the batch in which an all-pages pool (KV) misses a page; the
+        pages not asked about count as missing.
+        """
+        flags, base = _new_flags(plans)
+        for start, stop in chunks(len(req.hashes), self.batch_pages):
+            batch = _window(plans, start, stop)
+            missed = False
+            for w, ok in zip(batch, self.io(req, IoOp.EXISTS, batch)):
+                mark(flags[w.name], base[w.name], w.positions, ok)
+                missed = missed or (w.pool.hit_policy is HitPolicy.ALL_PAGES and not all(ok))
+            if missed and until_miss:
+                break
+        return flags
+
+    def put(self, req: Request, plans: Sequence[Plan]) -> tuple[dict[PoolName, list[bool]], int]:
+        """Write ``plans``' pages, skipping stored ones. Returns per plan one bool per page, and
+        the number of pages not written (found stored, or another rank's to write)."""
+        flags, base = _new_flags(plans)
+        skipped = 0
+        for start, stop in chunks(len(req.hashes), self.batch_pages):
+            writable = []
+            for w in _window(plans, start, stop):
+                if self.owner or not w.pool.rank_replicated:
+                    writable.append(w)
+                else:  # rank-replicated data (MLA KV): rank 0 writes it
+                    mark(flags[w.name], base[w.name], w.positions, [True] * len(w.positions))
+                    skipped += len(w.positions)
+            todo = writable
+            if writable and not self.skips_existing:  # else SET itself keeps stored objects
+                todo = []
+                for w, ok in zip(writable, self.io(req, IoOp.EXISTS, writable)):
+                    mark(flags[w.name], base[w.name], w.positions, ok)
+                    skipped += sum(ok)
+                    rest = w.missing(ok)
+                    if rest is not None:
+                        todo.append(rest)
+            if todo:
+                for w, ok in zip(todo, self.io(req, IoOp.SET, todo)):
+                    mark(flags[w.name], base[w.name], w.positions, ok)
+        return flags, skipped
+
+    def get(
+        self,
+        req: Request,
+        plans: Sequence[Plan],
+        *,
+        until_miss: bool = True,
+        stopped: Callable[[], bool] | None = None,
+    ) -> dict[PoolName, list[bool]]:
+        """Read ``plans``' pages; per plan, one bool per page.
+
+        ``until_miss``: stop after the first batch with a page not read (later pages would not be
+        usable). ``stopped`` is asked before each batch; once it answers True no batch starts.
+        """
+        flags, base = _new_flags(plans)
+        for start, stop in chunks(len(req.hashes), self.batch_pages):
+            if stopped is not None and stopped():
+                break
+            batch = _window(plans, start, stop)
+            complete = True
+            for w, ok in zip(batch, self.io(req, IoOp.GET, batch)):
+                mark(flags[w.name], base[w.name], w.positions, ok)
+                complete = complete and all(ok)
+            if until_miss and not complete:
+                break
+        return flags
+
+
+def _window(plans: Sequence[Plan], start: int, stop: int) -> list[Plan]:
+    """The non-empty parts of ``plans`` whose positions fall in ``[start, stop)``."""
+    return [w for p in plans if (w := p.window(start, stop)).positions]
+
+
+def _new_flags(plans: Sequence[Plan]) -> tuple[dict[PoolName, list[bool]], dict[PoolName, int]]:
+    """Per plan, all-False flags and its first position (flag ``i`` is position base + i)."""
+    flags = {p.name: [False] * len(p.positions) for p in plans}
+    base = {p.name: p.positions[0] if p.positions else 0 for p in plans}
+    return flags, base

@@ -1,0 +1,205 @@
+"""Request planning for ``CacheController``: which pages of which pool move, and their bookkeeping.
+
+A :class:`Plan` is one pool's share of a request: ascending page positions (indices into the
+request's page hashes) and the host pages that hold them. The helpers here are pure: they
+split plans into batches, record per-page outcomes and compute usable prefixes.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from itertools import compress
+from operator import not_, or_
+from typing import Any
+
+from ..errors import BatchShapeError, PoolError
+from ..pools import HostPool, HostPoolGroup
+from ..types import HitPolicy, PoolName
+
+__all__ = [
+    "IndexLike",
+    "Plan",
+    "check_count",
+    "chunks",
+    "leading_run",
+    "mark",
+    "plan_request",
+    "restorable",
+    "usable",
+]
+
+IndexLike = Sequence[int] | Any
+
+
+class Plan:
+    """One pool's share of a request: page positions (ascending) and the host pages that hold them.
+
+    Plans are never mutated after construction; identity, not value, tells them apart.
+    """
+
+    __slots__ = ("indices", "name", "pool", "positions")
+
+    def __init__(self, name: PoolName, pool: HostPool, positions: list[int], indices: list[int]) -> None:
+        self.name = name
+        self.pool = pool
+        self.positions = positions
+        self.indices = indices
+
+    def window(self, start: int, stop: int) -> Plan:
+        """The part of this plan whose positions fall in ``[start, stop)``."""
+        pos = self.positions
+        if not pos or (pos[0] >= start and pos[-1] < stop):
+            return self
+        lo, hi = bisect_left(pos, start), bisect_left(pos, stop)
+        return Plan(self.name, self.pool, pos[lo:hi], self.indices[lo:hi])
+
+    def missing(self, found: Sequence[bool]) -> Plan | None:
+        """The part of this plan whose entry in ``found`` is falsy (``None`` if there is none)."""
+        if len(found) == len(self.positions):
+            if not any(found):
+                return self if found else None
+            if all(found):
+                return None
+            keep = list(map(not_, found))
+            return Plan(
+                self.name, self.pool, [*compress(self.positions, keep)], [*compress(self.indices, keep)]
+            )
+        sel = [i for i, e in enumerate(found) if not e]
+        if not sel:
+            return None
+        return Plan(self.name, self.pool, [self.positions[i] for i in sel], [self.indices[i] for i in sel])
+
+    def __repr__(self) -> str:
+        return f"Plan({self.name.value}, positions={self.positions}, indices={self.indices})"
+
+
+def plan_request(
+    pools: HostPoolGroup,
+    n: int,
+    host_indices: IndexLike,
+    extra: Mapping[PoolName | str, IndexLike] | None,
+    draft_enabled: bool,
+) -> tuple[list[Plan], Plan | None]:
+    """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
+    anchor = pools.anchor
+    kv_idx = anchor.check_indices(host_indices)
+    check_count(kv_idx, n)
+    if not extra and len(pools) == 1:  # the usual request: the KV pool alone
+        return [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)], None
+    given: dict[PoolName, IndexLike] = {}
+    for name, idx in (extra or {}).items():
+        try:
+            pool_name = PoolName(name)
+        except ValueError:
+            raise PoolError(
+                f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}"
+            ) from None
+        if pool_name not in pools or pool_name is PoolName.KV:
+            raise PoolError(
+                f"extra indices for pool {str(name)!r}, which is not a sidecar pool of this group "
+                f"({[p.value for p in pools if p is not PoolName.KV]})"
+            )
+        given[pool_name] = idx
+    plans = [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)]
+    draft: Plan | None = None
+    for name, pool in pools.items() if len(pools) > 1 else ():
+        if name is PoolName.KV:
+            continue
+        if name in given:
+            idx = pool.check_indices(given[name])
+        elif pool.hit_policy is HitPolicy.ALL_PAGES:
+            idx = pool.check_indices(kv_idx)  # sidecars share the KV page slots by default
+        else:
+            continue  # trailing-state pools move only when their slots are given
+        if pool.hit_policy is HitPolicy.TRAILING_PAGES:
+            if len(idx) > n:
+                raise BatchShapeError(
+                    f"{len(idx)} host slots for trailing pool {name.value!r} but only {n} pages"
+                )
+            positions = list(range(n - len(idx), n))
+        else:
+            if len(idx) != n:
+                raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
+            positions = list(range(n))
+        plan = Plan(name, pool, positions, idx)
+        if name is PoolName.DRAFT:
+            draft = plan if draft_enabled else None
+        else:
+            plans.append(plan)
+    return plans, draft
+
+
+def check_count(kv_indices: list[int], n: int) -> None:
+    """One KV host page per page hash, or :class:`BatchShapeError`."""
+    if len(kv_indices) != n:
+        raise BatchShapeError(
+            f"{len(kv_indices)} KV host indices for {n} page hashes; pass one host page per page hash"
+        )
+
+
+def chunks(n: int, step: int) -> list[tuple[int, int]]:
+    """``[0, n)`` in batches of ``step`` positions."""
+    if n <= step:
+        return [(0, n)] if n else []
+    return [(s, min(s + step, n)) for s in range(0, n, step)]
+
+
+def mark(out: list[bool], base: int, positions: Sequence[int], ok: Sequence[bool]) -> None:
+    """Set ``out[pos - base]`` to True for each position whose entry in ``ok`` is True.
+
+    ``ok`` holds bools (checked by the store); positions ascend, so a run of consecutive
+    positions is one slice assignment.
+    """
+    k = len(positions)
+    if k and len(ok) == k and positions[-1] - positions[0] == k - 1:
+        lo = positions[0] - base
+        seg = out[lo : lo + k]
+        out[lo : lo + k] = map(or_, seg, ok) if any(seg) else ok
+        return
+    for pos, v in zip(positions, ok):
+        if v:
+            out[pos - base] = True
+
+
+def leading_run(flags: Sequence[bool]) -> int:
+    """Length of the leading run of true entries (the prefix length, since page hashes chain)."""
+    for i, f in enumerate(flags):
+        if not f:
+            return i
+    return len(flags)
+
+
+def usable(plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int) -> int:
+    """Leading pages done in every pool under its hit policy."""
+    pages = n
+    for p in plans:
+        f = flags[p.name]
+        if p.pool.hit_policy is HitPolicy.ALL_PAGES:
+            pages = min(pages, leading_run(f))
+        elif not all(f):
+            pages = 0  # state at the end of the prefix is missing: nothing is resumable
+    return pages
+
+
+def restorable(
+    plans: list[Plan], found: Mapping[PoolName, list[bool]], window: int
+) -> tuple[int, dict[PoolName, int]]:
+    """Restorable leading pages (overall and per pool) from per-page existence."""
+    per_pool: dict[PoolName, int] = {}
+    run = len(next(iter(found.values()))) if found else 0
+    for p in plans:
+        if p.pool.hit_policy is HitPolicy.ALL_PAGES:
+            per_pool[p.name] = leading_run(found[p.name])
+            run = min(run, per_pool[p.name])
+    pages = run
+    for p in plans:
+        if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
+            f, best = found[p.name], 0
+            for m in range(run, 0, -1):
+                if all(f[max(0, m - window) : m]):
+                    best = m
+                    break
+            per_pool[p.name] = best
+            pages = min(pages, best)
+    return pages, per_pool

@@ -1,0 +1,64 @@
+"""``PrefetchHandle``: an asynchronous prefetch that honours the configured prefetch policy."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeout
+
+from ..config import PrefetchPolicy
+from .results import TransferResult
+
+__all__ = ["PrefetchHandle"]
+
+
+class PrefetchHandle(Future[TransferResult]):
+    """An async prefetch: a real :class:`concurrent.futures.Future` whose ``result()`` honours
+    the prefetch policy.
+
+    ``wait_complete`` / ``best_effort``: ``result()`` waits for completion (``best_effort``
+    callers may call :meth:`terminate` at any time to stop after the current batch).
+    ``timeout``: ``result()`` waits up to ``prefetch_timeout_s`` from submission, then stops
+    after the current batch and returns what was loaded. ``result.pages`` is always honest.
+    """
+
+    def __init__(
+        self, future: Future[TransferResult], stop: threading.Event, policy: PrefetchPolicy, timeout_s: float
+    ) -> None:
+        super().__init__()
+        self.future = future
+        self._stop = stop
+        self.policy = policy
+        self.timeout_s = timeout_s
+        self._t0 = time.monotonic()
+        future.add_done_callback(self._relay)
+
+    def _relay(self, inner: Future[TransferResult]) -> None:
+        if inner.cancelled():
+            super().cancel()
+            return
+        err = inner.exception()
+        if err is not None:
+            self.set_exception(err)
+        else:
+            self.set_result(inner.result())
+
+    def cancel(self) -> bool:
+        """Cancel if not started; a running prefetch is asked to stop after its current batch."""
+        self._stop.set()
+        return self.future.cancel() and super().cancel()
+
+    def terminate(self) -> TransferResult:
+        """Stop after the batch in flight and return what was loaded."""
+        self._stop.set()
+        return super().result()
+
+    def result(self, timeout: float | None = None) -> TransferResult:
+        if self.policy is PrefetchPolicy.TIMEOUT:
+            remaining = max(0.0, self.timeout_s - (time.monotonic() - self._t0))
+            try:
+                return super().result(timeout=remaining if timeout is None else min(timeout, remaining))
+            except FuturesTimeout:
+                return self.terminate()
+        return super().result(timeout=timeout)

@@ -1,0 +1,187 @@
+"""Small value types shared by every layer: pool names, policies, capabilities.
+
+This module imports neither torch nor pydantic, so listing backends stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Any, Union
+
+from .errors import BatchShapeError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+__all__ = [
+    "Capabilities",
+    "DraftIo",
+    "DraftIoMode",
+    "HitPolicy",
+    "IoOp",
+    "Layout",
+    "PoolName",
+    "PoolTransfer",
+]
+
+
+class _StrEnum(str, Enum):
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class PoolName(_StrEnum):
+    """Names under which host pools are registered with a store."""
+
+    KV = "kv"
+    MAMBA = "mamba"
+    INDEXER = "indexer"
+    DRAFT = "draft"
+
+
+class HitPolicy(_StrEnum):
+    """How a pool's pages count towards a restorable prefix.
+
+    ``ALL_PAGES``: every page of the prefix must exist (KV, DSA indexer, draft).
+    ``TRAILING_PAGES``: only the pages at the end of the prefix are needed (Mamba state).
+    """
+
+    ALL_PAGES = "all_pages"
+    TRAILING_PAGES = "trailing_pages"
+
+
+class Layout(_StrEnum):
+    """Memory layout of a host pool. Zero-copy I/O needs ``PAGE_FIRST``."""
+
+    LAYER_FIRST = "layer_first"
+    PAGE_FIRST = "page_first"
+
+
+class IoOp(_StrEnum):
+    """The operation of a batch I/O hook call."""
+
+    EXISTS = "exists"
+    GET = "get"
+    SET = "set"
+
+
+class DraftIoMode(_StrEnum):
+    """How a backend can store speculative-decoding draft KV pages."""
+
+    ZERO_COPY_V2 = "zero_copy_v2"
+    GENERIC = "generic"
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class DraftIo:
+    """A backend's answer to ``hicache_draft_io_capability``: a mode and why."""
+
+    mode: DraftIoMode
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", DraftIoMode(self.mode))
+
+
+_ALL_POOLS = frozenset(PoolName)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend class declares statically (readable without connecting).
+
+    ``v1``/``v2``: which batch I/O hooks it implements. ``zero_copy``: its v2 path reads
+    and writes host memory in place (requires ``page_first`` pools). ``pools``: pool names it
+    can store. ``persistent``: data survives closing and reopening the store. ``shared``: data
+    written by one process is visible to other processes (or hosts) using the same options.
+    ``draft_io``: the draft mode under a default config (the hook may narrow it per config).
+    ``set_skips_existing``: SET of a key that is already stored keeps the stored object, reports
+    it ``True`` and moves no bytes for it (for example a store whose put of an existing key is a
+    server-side no-op). ``CacheController.backup`` then sends pages without an existence pass
+    first, saving a round trip per batch; ``TransferResult.skipped`` cannot count the pages the
+    backend skipped itself. An instance may narrow its class's capabilities for its options
+    (a backend option that turns SET into an overwrite must clear this flag).
+    """
+
+    v1: bool = True
+    v2: bool = False
+    zero_copy: bool = False
+    pools: frozenset[PoolName] = _ALL_POOLS
+    persistent: bool = False
+    shared: bool = False
+    draft_io: DraftIoMode = DraftIoMode.UNSUPPORTED
+    set_skips_existing: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pools", frozenset(PoolName(p) for p in self.pools))
+        object.__setattr__(self, "draft_io", DraftIoMode(self.draft_io))
+        if not (self.v1 or self.v2):
+            raise ValueError("Capabilities: a backend must declare at least one of v1 or v2")
+        if self.zero_copy and not self.v2:
+            raise ValueError("Capabilities: zero_copy applies to the v2 path; declare v2=True")
+        if PoolName.KV not in self.pools:
+            raise ValueError("Capabilities: every backend must support the 'kv' pool")
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (pool names sorted)."""
+        return {
+            "v1": self.v1,
+            "v2": self.v2,
+            "zero_copy": self.zero_copy,
+            "pools": sorted(p.value for p in self.pools),
+            "persistent": self.persistent,
+            "shared": self.shared,
+            "draft_io": self.draft_io.value,
+            "set_skips_existing": self.set_skips_existing,
+        }
+
+
+IndexLike = Union[Sequence[int], "torch.Tensor"]
+
+
+@dataclass(frozen=True)
+class PoolTransfer:
+    """One pool's share of a v2 batch.
+
+    ``host_indices[i]`` is the host page (slot) that holds page ``page_hashes[i]``.
+    ``keys[i]`` are that page's component storage keys, resolved by the controller through
+    ``hicache_page_keys`` so a backend never has to recompute them. The hit policy tells the
+    backend how the controller will interpret existence results; a backend must still answer
+    for every page it is given.
+    """
+
+    pool: PoolName
+    host_indices: tuple[int, ...]
+    page_hashes: tuple[str, ...]
+    hit_policy: HitPolicy = HitPolicy.ALL_PAGES
+    keys: tuple[tuple[str, ...], ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "pool", PoolName(self.pool))
+        object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
+        object.__setattr__(self, "host_indices", _as_int_tuple(self.host_indices))
+        object.__setattr__(self, "page_hashes", tuple(self.page_hashes))
+        object.__setattr__(self, "keys", tuple(map(tuple, self.keys)))
+        n = len(self.page_hashes)
+        if len(self.host_indices) != n:
+            raise BatchShapeError(
+                f"PoolTransfer({self.pool.value}): {len(self.host_indices)} host indices for "
+                f"{n} page hashes; pass exactly one host page index per page hash"
+            )
+        if self.keys and len(self.keys) != n:
+            raise BatchShapeError(
+                f"PoolTransfer({self.pool.value}): {len(self.keys)} key tuples for {n} pages"
+            )
+
+    def __len__(self) -> int:
+        return len(self.page_hashes)
+
+
+def _as_int_tuple(values: Iterable[int] | Any) -> tuple[int, ...]:
+    tolist = getattr(values, "tolist", None)
+    if tolist is not None:
+        values = tolist()
+    return tuple(map(int, values))
