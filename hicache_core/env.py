@@ -61,7 +61,7 @@ def _switch(name: str, type_: str, default: str, meaning: str) -> EnvVar:
 
 
 CONFIG_VARS: Final[tuple[EnvVar, ...]] = (
-    _config("backend", "str", "file", "backend name (an entry point in `hicache.backends`)"),
+    _config("backend", "str", default="file", meaning="backend name (an entry point in `hicache.backends`)"),
     _config("options", "JSON object", "{}", "the backend's options, validated by its `Options` model"),
     _config("model_name", "str", "default", "model identity in the key namespace"),
     _config("kv_dtype", "str", "bfloat16", "KV dtype in the key namespace"),
@@ -97,7 +97,7 @@ SWITCHES: Final[tuple[EnvVar, ...]] = (
     _switch("METRICS_ADDR", "str", "127.0.0.1", "metrics extension: address of that exporter"),
     _switch("BENCH_SMOKE", "bool", "0", "benchmarks: a few iterations only (the smoke test)"),
     _switch("LONG_TESTS", "bool", "0", "the project's own tests: run the long variants"),
-    _switch("KEEP_MOONCAKE_LOGS", "bool", "0", "the project's own tests: keep Mooncake server logs"),
+    _switch("KEEP_SERVER_LOGS", "bool", "0", "the project's own tests: keep the logs of the servers they start"),
 )
 
 VARIABLES: Final[tuple[EnvVar, ...]] = CONFIG_VARS + SWITCHES

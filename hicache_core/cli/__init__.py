@@ -1,5 +1,5 @@
 """The ``hicache`` command line: ``backends``, ``check`` and ``bench``."""
 
-from .main import main
+from .command import main
 
 __all__ = ["main"]

@@ -100,7 +100,7 @@ def _skip_reason(longrepr: Any) -> str:
 
 def summarize(outcomes: Mapping[str, tuple[str, str]]) -> dict[str, GroupSummary]:
     """Per group (in :data:`GROUPS` order): counts, skip reasons and failing test names."""
-    from .testing._groups import GROUPS, group_of
+    from ..testing import GROUPS, group_of
 
     groups = {name: GroupSummary() for name in [*GROUPS, "other"]}
     for nodeid, (outcome, detail) in outcomes.items():
@@ -158,7 +158,7 @@ def _pytest_args(
 
 def run(args: argparse.Namespace) -> int:
     from ..plugin import availability, load_backend_class, validate_options
-    from .testing._options import parse_options
+    from ..testing import parse_options
 
     name: str = args.name
     cls = load_backend_class(name)  # BackendNotFoundError lists the installed backends
@@ -199,7 +199,7 @@ def _print(name: str, summary: dict[str, GroupSummary], collect_errors: list[str
     from rich.markup import escape
     from rich.table import Table
 
-    from .testing._groups import GROUPS
+    from ..testing import GROUPS
 
     table = Table(title=f"hicache check {name}", show_lines=False)
     for col, justify in (("group", "left"), ("passed", "right"), ("failed", "right"), ("skipped", "right")):

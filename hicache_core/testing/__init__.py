@@ -15,6 +15,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from ._groups import GROUPS, group_of
+from ._options import parse_options
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._context import SuiteContext, default_page_bytes
@@ -28,6 +29,7 @@ __all__ = [
     "default_page_bytes",
     "group_of",
     "hookspec_signatures",
+    "parse_options",
 ]
 
 _LAZY = {

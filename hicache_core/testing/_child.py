@@ -53,7 +53,7 @@ def main() -> int:
                 return store.batch_io_v2(op, [transfer])[0]
             flat_keys = [k for page in store.page_keys(PoolName.KV, hashes) for k in page]
             views = [v for page in pool.page_views(idx) for v in page]
-            flat = store.batch_io_v1(op, flat_keys, None if op is IoOp.EXISTS else views)
+            flat = store.batch_io_v1(op, flat_keys, None if op is IoOp.EXISTS else views, PoolName.KV)
             return [all(flat[i : i + 2]) for i in range(0, len(flat), 2)]
 
         def digests(n: int) -> list[list[str]]:

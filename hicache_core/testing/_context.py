@@ -252,7 +252,7 @@ class SuiteContext:
     ) -> list[bool]:
         """Raw ``batch_io_v1`` over the pages' component keys: one bool per *key*."""
         keys, views = self.keys_and_views(store, pool_name, pool, hashes, indices)
-        return store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views)
+        return store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views, pool_name)
 
     def v2(self, store: Store, op: IoOp, specs: Sequence[PoolSpec]) -> list[list[bool]]:
         """Raw ``batch_io_v2``: one :class:`PoolTransfer` per spec, one bool per page."""

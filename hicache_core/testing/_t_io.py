@@ -27,7 +27,7 @@ class V1Tests(SuiteBase):
         if pages == 0:
             hook = store.pm.hook.hicache_batch_io_v1
             for op in IoOp:
-                got = hook(op=op, keys=[], buffers=None if op is IoOp.EXISTS else [])
+                got = hook(op=op, keys=[], buffers=None if op is IoOp.EXISTS else [], pool_name=PoolName.KV)
                 assert got == [], f"hicache_batch_io_v1({op.value!r}, keys=[]) must return [], got {got!r}"
             assert store.batch_io_v1(IoOp.SET, [], []) == []
             return
@@ -87,7 +87,7 @@ class V1Tests(SuiteBase):
         hc.write(store, KV, pool, [hashes[i] for i in (0, 2, 4)], [0, 2, 4], path="v1")
         keys, views = hc.keys_and_views(store, KV, pool, [hashes[5]], [5])
         hc.fill(pool, [5], [hashes[5]])
-        assert store.batch_io_v1(IoOp.SET, keys[:1], views[:1]) == [True]
+        assert store.batch_io_v1(IoOp.SET, keys[:1], views[:1], KV) == [True]
         expected = [True, True, False, False, True, True, False, False, True, True, True, False]
         expect_flags(hc.v1(store, IoOp.EXISTS, KV, pool, hashes, list(range(6))), expected, "exists per key")
 

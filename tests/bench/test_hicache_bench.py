@@ -87,7 +87,7 @@ def test_model_choices_match_profiles() -> None:
 
 def test_cli_module_is_import_light() -> None:
     code = (
-        "import sys, hicache_core.cli as c; c._parser(); "
+        "import sys, hicache_core.cli.command as c; c._parser(); "
         "print(sorted(m for m in ('torch', 'pydantic', 'rich') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

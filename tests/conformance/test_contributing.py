@@ -59,9 +59,21 @@ def _hicache() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "hicache_core.cli"]
 
 
-def test_template_installs_and_certifies(tmp_path: Path) -> None:
-    """Empty folder -> template files -> pip install -> `hicache check example` exits 0."""
+V1_SIGNATURE = "buffers: Sequence[torch.Tensor] | None, pool_name: PoolName\n"
+LEGACY_V1_SIGNATURE = "buffers: Sequence[torch.Tensor] | None\n"
+
+
+@pytest.mark.parametrize("v1_signature", ["current", "without_pool_name"])
+def test_template_installs_and_certifies(tmp_path: Path, v1_signature: str) -> None:
+    """Empty folder -> template files -> pip install -> `hicache check example` exits 0.
+
+    ``without_pool_name``: the template's ``hicache_batch_io_v1`` written against the hookspec
+    before it had ``pool_name`` still loads and certifies (pluggy passes arguments by name).
+    """
     for rel, body in _templates().items():
+        if v1_signature == "without_pool_name" and rel.endswith("__init__.py"):
+            assert V1_SIGNATURE in body
+            body = body.replace(V1_SIGNATURE, LEGACY_V1_SIGNATURE)
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(body, encoding="utf-8")

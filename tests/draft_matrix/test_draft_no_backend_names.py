@@ -180,4 +180,4 @@ def test_scanner_sees_the_known_default() -> None:
     # test honest by updating it rather than deleting it.
     findings, _, _ = scan_core()
     defaults = [f for f in findings if f.kind == "default"]
-    assert any(f.where.startswith("hicache_core/_config.py:") for f in defaults), defaults
+    assert any(f.where.startswith("hicache_core/config.py:") for f in defaults), defaults

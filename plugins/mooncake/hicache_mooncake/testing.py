@@ -259,7 +259,7 @@ class _Proc:
     def close(self) -> None:
         _close_idle_connections(self.address)
         self.stop()
-        if self._own_dir and os.environ.get("HICACHE_KEEP_MOONCAKE_LOGS") != "1":
+        if self._own_dir and os.environ.get("HICACHE_KEEP_SERVER_LOGS") != "1":
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
