@@ -26,7 +26,7 @@ from hicache_core import (
     MLAKVPool,
     page_hashes,
 )
-from hicache_core.plugin.registry import availability, load_backend_class
+from hicache_core.plugin import availability, load_backend_class
 
 from ._context import SuiteContext, default_page_bytes
 

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pytest
 import torch
@@ -23,6 +23,7 @@ from hicache_core import (
     HostPool,
     HostPoolGroup,
     IoOp,
+    Layout,
     PoolName,
     PoolTransfer,
     StorageConfig,
@@ -30,8 +31,16 @@ from hicache_core import (
     open_store,
 )
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ._base import SuiteBase
+
+class SuiteHooks(Protocol):
+    """What the context asks of the test class (``SuiteBase``): the overridable data makers."""
+
+    def page_bytes(self, page_hash: str, component: str, nbytes: int, salt: int) -> torch.Tensor: ...
+
+    def make_kv_pool(
+        self, kind: str, num_pages: int, *, layout: Layout | str = ..., allocate: bool = ...
+    ) -> HostPool: ...
+
 
 __all__ = ["SENTINEL", "SuiteContext", "default_page_bytes", "expect_flags", "tensor_digest"]
 
@@ -66,7 +75,7 @@ class SuiteContext:
     """
 
     def __init__(
-        self, suite: SuiteBase, name: str, cls: type, options: dict[str, Any], *, isolated: bool
+        self, suite: SuiteHooks, name: str, cls: type, options: dict[str, Any], *, isolated: bool
     ) -> None:
         self.suite = suite
         self.name = name

@@ -79,14 +79,14 @@ def pytest_configure(config: pytest.Config) -> None:
 def _check_backend(name: str, options: dict[str, Any]) -> None:
     """Fail the session early, with the core's message, when the backend cannot be used."""
     from hicache_core.errors import HiCacheError
-    from hicache_core.plugin.registry import availability, load_backend_class
+    from hicache_core.plugin import availability, load_backend_class
 
     try:
         cls = load_backend_class(name)
         reason = availability(cls)
         if reason is not None:
             raise pytest.UsageError(f"--hicache-backend: backend {name!r} cannot run here: {reason}")
-        from hicache_core.plugin.store import validate_options
+        from hicache_core.plugin import validate_options
 
         validate_options(cls, name, options)
     except HiCacheError as err:

@@ -21,7 +21,7 @@ from hicache_core import (
     check_key,
     find_backends,
 )
-from hicache_core.plugin.registry import describe_backend
+from hicache_core.plugin import describe_backend
 
 from ._base import SuiteBase
 from ._context import SuiteContext
