@@ -4,7 +4,7 @@ The same :class:`~hicache_core.CacheController` cycle, backup of 128 new pages (
 then prefetch of them (exists + get), is timed with and without ``extensions=["metrics"]`` on
 an in-process dict backend (one ``bytes`` copy per key, the cheapest honest backend, so the
 extension's share is as large as it can be). Both I/O paths are measured: ``v2`` (per-transfer
-accounting) and ``v1`` (pool blocks found by bisection, results counted with list slices).
+accounting) and ``v1`` (each call counted for the pool its ``pool_name`` names, results with list slices).
 Pages are Llama-3-8B MHA KV at SGLang's default page size of 1 token: 32 layers x 8 KV heads x
 128 dims in bfloat16, 64 KiB per component, the smallest realistic page (larger pages make the
 extension's share smaller still).

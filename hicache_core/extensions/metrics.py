@@ -13,13 +13,15 @@ result. Per store it records:
 * integrity failures reported by the backend (see below);
 * whether draft KV offload is enabled, with the declared mode and the reason.
 
-Counting is per call, never per page in Python: v2 uses ``len()`` of each transfer and the
-pool's page size; v1 finds the pool blocks of the controller's key layout by bisection on the
-key prefix (``key[:-len(page_hash)]``, parsed once as the core's ``{namespace}.{pool}.{component}
-.{ranks}.`` layout) and counts results with list slices; keys in any other order are counted one
-by one, and keys of another scheme are counted under pool ``unknown`` with their buffer sizes. Bytes are those the
-backend reported moved (a ``set`` skipped because the page already existed counts as written).
-A call abandoned by the controller's ``io_timeout_s`` is recorded when it finally returns.
+Counting is per call, with no Python loop over pages (but see the last case). A v2 call is
+counted per transfer with ``len()``, ``list.count`` and the pool's page size. A v1 call carries
+the keys of the one pool named by its ``pool_name`` argument, page by page with each page's
+components in pool order; when only some keys succeeded, each component's results are a list
+slice and a page counts as moved when all of its components did. Bytes are those the backend
+reported moved (a ``set`` skipped because the page already existed counts as written), at the
+component sizes the pool declared when it was registered. A v1 call whose keys are not whole
+pages of a registered pool counts each key as a page of its buffer's size. A call abandoned by
+the controller's ``io_timeout_s`` is recorded when it finally returns.
 
 **Integrity convention for backends.** A backend that verifies what it reads exposes an integer
 attribute ``integrity_errors`` on its instance: the number of objects that failed verification
@@ -44,15 +46,14 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import os
 import threading
 import time
 import weakref
 from collections import Counter
-from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..env import env_str
 from ..errors import BackendUnavailableError, ConfigError
 from ..hookspecs import hookimpl
 from ..types import DraftIo, DraftIoMode, IoOp, PoolName, PoolTransfer
@@ -83,14 +84,21 @@ LATENCY_BUCKETS: tuple[float, ...] = (
     1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
     0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
-UNKNOWN_POOL = "unknown"
-_EXISTS, _GET, _SET = IoOp.EXISTS, IoOp.GET, IoOp.SET
-_DIRECTION = {IoOp.GET: "read", IoOp.SET: "write"}
+_DIRECTION = {"get": "read", "set": "write"}
+_CONTRACT = "BackendContractError"
+_SEQUENCES = (list, tuple)  # the result types the store accepts from an I/O hook
 _store_ids = itertools.count()
 
+_Row = tuple[str, int, int, int]
+"""What one call did to one pool: ``(pool, pages, pages done, bytes moved)``."""
 
-def _bools(flags: list[Any]) -> bool:
-    return type(flags[0]) is bool and type(flags[-1]) is bool
+
+def _flags_ok(flags: Any, n: int) -> bool:
+    """``n`` bools in a list or tuple, as the store accepts. The type probe looks at the ends only
+    (O(1)): a list only partly bool is refused by the store's own check after this wrapper."""
+    return (
+        type(flags) in _SEQUENCES and len(flags) == n and (not n or type(flags[0]) is type(flags[-1]) is bool)
+    )
 
 
 def _prometheus() -> Any:
@@ -104,43 +112,30 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-@dataclass(frozen=True)
-class _PoolInfo:
-    components: tuple[str, ...]
-    component_nbytes: tuple[int, ...]
-
-    @property
-    def page_nbytes(self) -> int:
-        return sum(self.component_nbytes)
-
-
 class _Histogram:
-    """Non-cumulative bucket counts (the last one is +Inf), a sum and a count."""
+    """Non-cumulative bucket counts (the last one is +Inf) and the sum of observations."""
 
-    __slots__ = ("count", "counts", "total")
+    __slots__ = ("counts", "total")
 
     def __init__(self) -> None:
         self.counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.total = 0.0
-        self.count = 0
 
     def observe(self, seconds: float) -> None:
         self.counts[bisect.bisect_left(LATENCY_BUCKETS, seconds)] += 1
         self.total += seconds
-        self.count += 1
 
-    def quantile(self, q: float) -> float | None:
-        """Estimate by linear interpolation inside the bucket (as Prometheus' histogram_quantile)."""
-        if not self.count:
-            return None
-        rank, seen = q * self.count, 0
-        for i, c in enumerate(self.counts):
-            if c and seen + c >= rank:
-                lo = LATENCY_BUCKETS[i - 1] if i > 0 else 0.0
-                hi = LATENCY_BUCKETS[i] if i < len(LATENCY_BUCKETS) else LATENCY_BUCKETS[-1]
-                return lo + (hi - lo) * (rank - seen) / c
-            seen += c
-        return LATENCY_BUCKETS[-1]  # pragma: no cover - rank <= count always lands above
+
+def _quantile(counts: list[int], q: float) -> float | None:
+    """Estimate by linear interpolation inside the bucket (as Prometheus' histogram_quantile)."""
+    rank, seen = q * sum(counts), 0
+    for i, c in enumerate(counts):
+        if c and seen + c >= rank:
+            lo = LATENCY_BUCKETS[i - 1] if i > 0 else 0.0
+            hi = LATENCY_BUCKETS[i] if i < len(LATENCY_BUCKETS) else LATENCY_BUCKETS[-1]
+            return lo + (hi - lo) * (rank - seen) / c
+        seen += c
+    return None  # no observations
 
 
 class MetricsExtension:
@@ -152,9 +147,7 @@ class MetricsExtension:
         self.backend_name = config.backend
         self.store_id = str(next(_store_ids))
         self._lock = threading.Lock()
-        self._pools: dict[str, _PoolInfo] = {}
-        self._prefixes: dict[str, tuple[str, int, int]] = {}  # key prefix -> (pool, component, nbytes)
-        self._unknown: set[str] = set()  # prefixes of keys in another scheme
+        self._pools: dict[str, tuple[int, ...]] = {}  # pool -> bytes of each page component
         self._pages: Counter[tuple[str, str]] = Counter()  # (pool, read|write)
         self._bytes: Counter[tuple[str, str]] = Counter()
         self._failed: Counter[tuple[str, str]] = Counter()  # (pool, get|set)
@@ -164,22 +157,22 @@ class MetricsExtension:
         self._errors: Counter[tuple[str, str]] = Counter()  # (op, exception type)
         self._internal_errors = 0
         self._draft: DraftIo | None = None
-        self._backend: weakref.ReferenceType[Any] | None = None
+        self._backend: Callable[[], Any] | None = None
         self.registry = prom.CollectorRegistry(auto_describe=True)
         self.registry.register(_Collector(self))
         _LIVE.add(self)
-        port = os.environ.get(PORT_ENV, "").strip()
+        port = env_str(PORT_ENV)
         if port:
-            start_exporter(_parse_port(port), os.environ.get(ADDR_ENV, "").strip() or "127.0.0.1")
+            start_exporter(_parse_port(port), env_str(ADDR_ENV))
 
     # -------------------------------------------------------------- binding
     def bind_store(self, store: Store) -> None:
         """Let the extension read the backend's ``integrity_errors`` (called by the store)."""
+        backend = store.backend
         try:
-            self._backend = weakref.ref(store.backend)
+            self._backend = weakref.ref(backend)
         except TypeError:  # a backend without __weakref__ support
-            backend = store.backend
-            self._backend = lambda: backend  # type: ignore[assignment]
+            self._backend = lambda: backend
 
     @property
     def integrity_errors(self) -> int | None:
@@ -191,15 +184,9 @@ class MetricsExtension:
     # ---------------------------------------------------------------- hooks
     @hookimpl(wrapper=True)
     def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> Generator[None, Any, Any]:
-        result = yield
+        result = yield  # a pool the backend refuses (it raises) is not recorded
         try:
-            info = _PoolInfo(tuple(pool.components), tuple(int(n) for n in pool.component_nbytes))
-            name = PoolName(pool_name)
-            with self._lock:
-                if self._pools.get(name.value) != info:
-                    self._prefixes = {p: v for p, v in self._prefixes.items() if v[0] != name.value}
-                    self._unknown.clear()
-                self._pools[name.value] = info
+            self._pools[PoolName(pool_name).value] = tuple(int(n) for n in pool.component_nbytes)
         except Exception:  # pragma: no cover - never let metrics break a store
             self._internal_error("register_pool")
         return result
@@ -213,208 +200,122 @@ class MetricsExtension:
 
     @hookimpl(wrapper=True)
     def hicache_batch_io_v1(
-        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None, pool_name: PoolName
     ) -> Generator[None, Any, Any]:
-        t0 = time.perf_counter()
-        try:
-            result = yield
-        except BaseException as err:
-            self._failure(op, "v1", err, time.perf_counter() - t0)
-            raise
-        elapsed = time.perf_counter() - t0
-        try:
-            self._account_v1(op, keys, buffers, result, elapsed)
-        except Exception:
-            self._internal_error("batch_io_v1")
-        return result
+        return (yield from self._timed(op, "v1", lambda r: self._rows_v1(pool_name, keys, buffers, r)))
 
     @hookimpl(wrapper=True)
     def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> Generator[None, Any, Any]:
+        return (yield from self._timed(op, "v2", lambda r: self._rows_v2(transfers, r)))
+
+    # ----------------------------------------------------------- accounting
+    def _timed(
+        self, op: IoOp, path: str, rows_of: Callable[[Any], list[_Row] | None]
+    ) -> Generator[None, Any, Any]:
+        """Time one I/O call and record it; its result or exception passes through unchanged.
+
+        ``rows_of(result)`` says what the call did per pool, or ``None`` for a result that breaks
+        the contract.
+        """
+        opname = str(getattr(op, "value", op))
         t0 = time.perf_counter()
         try:
             result = yield
         except BaseException as err:
-            self._failure(op, "v2", err, time.perf_counter() - t0)
+            self._record(opname, path, time.perf_counter() - t0, (), type(err).__name__)
             raise
         elapsed = time.perf_counter() - t0
         try:
-            self._account_v2(op, transfers, result, elapsed)
+            rows = rows_of(result)
+            if rows is None:
+                self._record(opname, path, elapsed, (), _CONTRACT)
+            else:
+                self._record(opname, path, elapsed, rows, None)
         except Exception:
-            self._internal_error("batch_io_v2")
+            self._internal_error(f"batch_io_{path}")
         return result
 
-    # ----------------------------------------------------------- accounting
-    def _prefix(self, prefix: str) -> tuple[str, int, int] | None:
-        """``(pool, component index, bytes)`` of a key prefix ``{ns}.{pool}.{component}.{ranks}.``."""
-        info = self._prefixes.get(prefix)
-        if info is not None or prefix in self._unknown:
-            return info
-        parts = prefix.split(".")
-        pool = self._pools.get(parts[1]) if len(parts) == 5 and not parts[4] else None
-        if pool is not None and parts[2] in pool.components:
-            j = pool.components.index(parts[2])
-            info = self._prefixes[prefix] = (parts[1], j, pool.component_nbytes[j])
-        else:
-            if len(self._unknown) > 4096:
-                self._unknown.clear()
-            self._unknown.add(prefix)
-        return info
-
-    def _failure(self, op: Any, path: str, err: BaseException, elapsed: float) -> None:
-        opname = str(getattr(op, "value", op))
-        with self._lock:
-            self._errors[opname, type(err).__name__] += 1
-            self._observe(opname, path, elapsed)
-
-    def _observe(self, op: str, path: str, elapsed: float) -> None:
-        hist = self._latency.get((op, path))
-        if hist is None:
-            hist = self._latency[op, path] = _Histogram()
-        hist.observe(elapsed)
-
-    def _contract_ok(
-        self, op: IoOp, path: str, result: Any, n: int, elapsed: float, flags: bool = True
-    ) -> bool:
-        # O(1) type probe: a list of ints only partly bool is rejected by the store's own check
-        if type(result) is list and len(result) == n and (not flags or not n or _bools(result)):
-            return True
-        with self._lock:
-            self._errors[op.value, "BackendContractError"] += 1
-            self._observe(op.value, path, elapsed)
-        return False
-
-    def _blocks(self, keys: Sequence[str]) -> list[tuple[str, int, int, tuple[int, ...]]] | None:
-        """Pool blocks ``(pool, start, stop, component sizes)`` of a batch in the controller's order.
-
-        The controller lays a v1 batch out pool by pool, page by page, components in pool order.
-        Block ends are found by bisection (O(log n) key lookups per pool) and spot-checked; any
-        other order returns ``None`` and the batch is counted key by key.
-        """
-        k0 = keys[0]
-        cut = len(k0) - k0.rfind(".") - 1
-        if cut <= 0:
+    def _rows_v1(
+        self, pool_name: PoolName, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None, result: Any
+    ) -> list[_Row] | None:
+        n = len(keys)
+        if not _flags_ok(result, n):
             return None
-        lookup, pools, n = self._prefix, self._pools, len(keys)
-        blocks: list[tuple[str, int, int, tuple[int, ...]]] = []
-        start = 0
-        while start < n and len(blocks) < 8:
-            head = lookup(keys[start][:-cut])
-            if head is None or head[1] != 0:
-                return None
-            pool = head[0]
-            sizes = pools[pool].component_nbytes
-            c = len(sizes)
-            lo, hi = start + 1, n  # first index whose key is not in this pool
-            last = lookup(keys[-1][:-cut])
-            if last is not None and last[0] == pool:
-                lo = hi = n  # the common case: one pool up to the end
-            while lo < hi:
-                mid = (lo + hi) // 2
-                info = lookup(keys[mid][:-cut])
-                if info is not None and info[0] == pool:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            if (lo - start) % c:
-                return None
-            for j in range(c):  # spot checks: first and last page carry every component in order
-                first, last = lookup(keys[start + j][:-cut]), lookup(keys[lo - c + j][:-cut])
-                if first is None or last is None or first[:2] != (pool, j) or last[:2] != (pool, j):
-                    return None
-            blocks.append((pool, start, lo, sizes))
-            start = lo
-        return blocks if start == n else None
-
-    def _rows_by_key(
-        self, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None, result: list[bool]
-    ) -> list[tuple[str, int, int, int]]:
-        """Exact per-key count for any key order or scheme: ``(pool, pages, ok pages, ok bytes)``."""
-        tally: dict[str, dict[int, list[int]]] = {}
-        for i, key in enumerate(keys):
-            info = self._prefix(key[: key.rfind(".") + 1]) if isinstance(key, str) else None
-            if info is None:
-                info = (UNKNOWN_POOL, 0, int(buffers[i].numel()) if buffers is not None else 0)
-            slot = tally.setdefault(info[0], {}).setdefault(info[1], [0, 0, 0])
-            slot[0] += 1
-            if result[i]:
-                slot[1] += 1
-                slot[2] += info[2]
+        if not n:
+            return []
+        pool = str(getattr(pool_name, "value", pool_name))
+        done = result.count(True)
+        sizes = self._pools.get(pool)
+        if sizes is None or n % len(sizes):  # not whole pages of a registered pool: a page per key
+            moved = sum(int(b.numel()) for b, ok in zip(buffers, result) if ok) if buffers else 0
+            return [(pool, n, done, moved)]
+        c = len(sizes)
+        pages = n // c
+        if done == n:
+            return [(pool, pages, pages, pages * sum(sizes))]
+        if done == 0 or c == 1:
+            return [(pool, pages, done, done * sizes[0])]
+        per_component = [result[j::c] for j in range(c)]
         return [
             (
                 pool,
-                max(v[0] for v in comps.values()),
-                min(v[1] for v in comps.values()),
-                sum(v[2] for v in comps.values()),
+                pages,
+                sum(map(all, zip(*per_component))),  # pages whose every component succeeded
+                sum(flags.count(True) * size for flags, size in zip(per_component, sizes)),
             )
-            for pool, comps in tally.items()
         ]
 
-    def _account_v1(
-        self,
-        op: IoOp,
-        keys: Sequence[str],
-        buffers: Sequence[torch.Tensor] | None,
-        result: Any,
-        elapsed: float,
-    ) -> None:
-        n = len(keys)
-        if not self._contract_ok(op, "v1", result, n, elapsed) or n == 0:
-            return
-        every = result.count(True) == n
-        blocks = self._blocks(keys)
-        if blocks is None:
-            rows = self._rows_by_key(keys, buffers, result)
-        else:
-            rows = []
-            for pool, start, stop, sizes in blocks:
-                c = len(sizes)
-                total = (stop - start) // c
-                oks = [total] * c if every else [result[start + j : stop : c].count(True) for j in range(c)]
-                rows.append((pool, total, min(oks), sum(o * z for o, z in zip(oks, sizes))))
-        with self._lock:
-            self._observe(op.value, "v1", elapsed)
-            if op is _EXISTS:
-                self._exists_calls += 1
-                for pool, total, ok_pages, _ in rows:
-                    self._exists[pool, "hit"] += ok_pages
-                    self._exists[pool, "miss"] += total - ok_pages
-                return
-            direction = _DIRECTION[op]
-            for pool, total, ok_pages, ok_bytes in rows:
-                self._pages[pool, direction] += ok_pages
-                self._bytes[pool, direction] += ok_bytes
-                self._failed[pool, op.value] += total - ok_pages
-
-    def _account_v2(self, op: IoOp, transfers: Sequence[PoolTransfer], result: Any, elapsed: float) -> None:
-        if not self._contract_ok(op, "v2", result, len(transfers), elapsed, flags=False):
-            return
+    def _rows_v2(self, transfers: Sequence[PoolTransfer], result: Any) -> list[_Row] | None:
+        if type(result) not in _SEQUENCES or len(result) != len(transfers):
+            return None
         rows = []
         for t, flags in zip(transfers, result):
             n = len(t)
-            if not (type(flags) is list and len(flags) == n and (not n or _bools(flags))):
-                self._contract_ok(op, "v2", None, n, elapsed)
-                return
-            info = self._pools.get(t.pool.value)
-            rows.append((t.pool.value, n, flags.count(True), info.page_nbytes if info else 0))
+            if not _flags_ok(flags, n):
+                return None
+            done = flags.count(True)
+            rows.append((t.pool.value, n, done, done * sum(self._pools.get(t.pool.value, ()))))
+        return rows
+
+    def _record(self, op: str, path: str, elapsed: float, rows: Sequence[_Row], error: str | None) -> None:
+        """Count one call: its latency, then its error or what it did per pool."""
         with self._lock:
-            self._observe(op.value, "v2", elapsed)
-            if op is _EXISTS:
+            hist = self._latency.get((op, path))
+            if hist is None:
+                hist = self._latency[op, path] = _Histogram()
+            hist.observe(elapsed)
+            if error is not None:
+                self._errors[op, error] += 1
+            elif op == "exists":
                 self._exists_calls += 1
-                for pool, n, ok, _ in rows:
-                    self._exists[pool, "hit"] += ok
-                    self._exists[pool, "miss"] += n - ok
-                return
-            direction = _DIRECTION[op]
-            for pool, n, ok, page_nbytes in rows:
-                self._pages[pool, direction] += ok
-                self._bytes[pool, direction] += ok * page_nbytes
-                self._failed[pool, op.value] += n - ok
+                for pool, pages, done, _ in rows:
+                    self._exists[pool, "hit"] += done
+                    self._exists[pool, "miss"] += pages - done
+            else:
+                direction = _DIRECTION[op]
+                for pool, pages, done, moved in rows:
+                    self._pages[pool, direction] += done
+                    self._bytes[pool, direction] += moved
+                    self._failed[pool, op] += pages - done
 
     def _internal_error(self, where: str) -> None:
         self._internal_errors += 1
         log.debug("hicache metrics: accounting failed in %s (result passed through)", where, exc_info=True)
 
     # --------------------------------------------------------------- reading
+    def _state(self) -> dict[str, Any]:
+        """A consistent copy of every counter, keyed by metric family name."""
+        with self._lock:
+            return {
+                "pages": dict(self._pages),
+                "bytes": dict(self._bytes),
+                "failed_pages": dict(self._failed),
+                "exists_pages": dict(self._exists),
+                "errors": dict(self._errors),
+                "exists_calls": self._exists_calls,
+                "latency": {k: (list(h.counts), h.total) for k, h in self._latency.items()},
+            }
+
     def draft_state(self) -> dict[str, Any] | None:
         """``{"declared", "enabled", "reason"}`` once the controller resolved draft offload."""
         declared = self._draft
@@ -435,14 +336,8 @@ class MetricsExtension:
 
     def snapshot(self) -> dict[str, Any]:
         """A JSON-ready copy of every metric (for tests, ``hicache bench --metrics`` and logs)."""
-        with self._lock:
-            pages, nbytes, failed = dict(self._pages), dict(self._bytes), dict(self._failed)
-            exists, errors = dict(self._exists), dict(self._errors)
-            latency = {
-                k: (h.count, h.total, [h.quantile(q) for q in (0.5, 0.9, 0.99)])
-                for k, h in self._latency.items()
-            }
-            calls = self._exists_calls
+        s = self._state()
+        pages, nbytes, failed, exists = s["pages"], s["bytes"], s["failed_pages"], s["exists_pages"]
         names = sorted({k[0] for d in (pages, nbytes, failed, exists) for k in d} | set(self._pools))
         pools: dict[str, dict[str, Any]] = {}
         for p in names:
@@ -458,34 +353,24 @@ class MetricsExtension:
                 "exists_misses": misses,
                 "hit_rate": hits / (hits + misses) if hits + misses else None,
             }
-        err_out: dict[str, dict[str, int]] = {}
-        for (op, typ), c in sorted(errors.items()):
-            err_out.setdefault(op, {})[typ] = c
+        totals = "pages_read bytes_read pages_written bytes_written exists_hits exists_misses".split()
+        errors: dict[str, dict[str, int]] = {}
+        for (op, typ), c in sorted(s["errors"].items()):
+            errors.setdefault(op, {})[typ] = c
+        latency: dict[str, dict[str, Any]] = {}
+        for (op, path), (counts, total) in sorted(s["latency"].items()):
+            entry = latency[f"{op}/{path}"] = {"count": sum(counts), "sum_s": total}
+            for q in (50, 90, 99):
+                seconds = _quantile(counts, q / 100)
+                entry[f"p{q}_ms"] = None if seconds is None else seconds * 1e3
         return {
             "backend": self.backend_name,
             "store": self.store_id,
             "pools": pools,
-            "totals": {
-                key: sum(v[key] for v in pools.values())
-                for key in (
-                    "pages_read",
-                    "bytes_read",
-                    "pages_written",
-                    "bytes_written",
-                    "exists_hits",
-                    "exists_misses",
-                )
-            },
-            "exists_calls": calls,
-            "latency": {
-                f"{op}/{path}": {
-                    "count": count,
-                    "sum_s": total,
-                    **{f"p{q}_ms": None if v is None else v * 1e3 for q, v in zip((50, 90, 99), qs)},
-                }
-                for (op, path), (count, total, qs) in sorted(latency.items())
-            },
-            "errors": err_out,
+            "totals": {key: sum(v[key] for v in pools.values()) for key in totals},
+            "exists_calls": s["exists_calls"],
+            "latency": latency,
+            "errors": errors,
             "integrity_errors": self.integrity_errors,
             "draft": self.draft_state(),
             "internal_errors": self._internal_errors,
@@ -497,28 +382,25 @@ class MetricsExtension:
 
         base = [self.backend_name, self.store_id]
         names = ["backend", "store"]
-        with self._lock:
-            pages, nbytes, failed = dict(self._pages), dict(self._bytes), dict(self._failed)
-            exists, errors, calls = dict(self._exists), dict(self._errors), self._exists_calls
-            hists = {k: (list(h.counts), h.total) for k, h in self._latency.items()}
-        for name, doc, extra, values in (
-            ("pages", "Pages moved, per pool and direction", ["pool", "direction"], pages),
-            ("bytes", "Bytes moved, per pool and direction", ["pool", "direction"], nbytes),
-            ("failed_pages", "Pages a get/set reported failed", ["pool", "op"], failed),
-            ("exists_pages", "Existence checks per pool: hit or miss", ["pool", "result"], exists),
-            ("errors", "Backend call failures by exception type", ["op", "type"], errors),
+        s = self._state()
+        for name, doc, extra in (
+            ("pages", "Pages moved, per pool and direction", ["pool", "direction"]),
+            ("bytes", "Bytes moved, per pool and direction", ["pool", "direction"]),
+            ("failed_pages", "Pages a get/set reported failed", ["pool", "op"]),
+            ("exists_pages", "Existence checks per pool: hit or miss", ["pool", "result"]),
+            ("errors", "Backend call failures by exception type", ["op", "type"]),
         ):
             fam = CounterMetricFamily(f"hicache_storage_{name}", doc, labels=[*names, *extra])
-            for labels, v in sorted(values.items()):
+            for labels, v in sorted(s[name].items()):
                 fam.add_metric([*base, *labels], v)
             yield fam
         fam = CounterMetricFamily("hicache_storage_exists_calls", "Backend exists calls", labels=names)
-        fam.add_metric(base, calls)
+        fam.add_metric(base, s["exists_calls"])
         yield fam
         hist = HistogramMetricFamily(
             "hicache_storage_io_seconds", "Backend call latency", labels=[*names, "op", "path"], unit=""
         )
-        for (op, path), (counts, total) in sorted(hists.items()):
+        for (op, path), (counts, total) in sorted(s["latency"].items()):
             cumulative = list(itertools.accumulate(counts))
             buckets = [(repr(float(b)), float(c)) for b, c in zip(LATENCY_BUCKETS, cumulative)]
             buckets.append(("+Inf", float(cumulative[-1])))

@@ -28,8 +28,6 @@ HAVE_FILE = importlib.util.find_spec("hicache_file") is not None
 def metrics_of(store: hc.Store) -> MetricsExtension:
     ext = store.extensions["metrics"]
     assert isinstance(ext, MetricsExtension)
-    if ext._backend is None:  # until Store calls bind_store itself (see the report)
-        ext.bind_store(store)
     return ext
 
 
@@ -228,31 +226,72 @@ def test_trace_logs_every_hook_call(memory_backends, monkeypatch, caplog) -> Non
     assert any(m.startswith("hicache_page_keys") and "batch=5" in m for m in records)
 
 
-def test_v1_accounting_any_key_order_and_foreign_keys(memory_backends) -> None:
-    """Keys outside the controller's layout are counted exactly (per key), foreign ones as 'unknown'."""
-    kv = MHAKVPool(4, 4, 1, 1, 8)  # 64 bytes per component
-    idx = IndexerPool(4, 4, 1, 4)  # 16 bytes per page
+def test_v1_counts_the_pool_the_call_names(memory_backends) -> None:
+    """A v1 call is counted for its ``pool_name`` whatever its keys look like, at the pool's
+    component sizes; a page is done only when every one of its components is."""
+    kv = MHAKVPool(4, 4, 1, 1, 8)  # (k, v), 64 bytes each
+    idx = IndexerPool(4, 4, 1, 4)  # one component, 16 bytes
+    k0, v0, k1, v1 = [v for page in kv.page_views(range(2)) for v in page]
     with hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"])) as store:
         ext = metrics_of(store)
         store.register_pool(PoolName.KV, kv)
         store.register_pool(PoolName.INDEXER, idx)
-        hs = hc.page_hashes(list(range(12)), 4)
-        kv_keys = store.page_keys(PoolName.KV, hs)
-        ix_keys = store.page_keys(PoolName.INDEXER, hs)
-        views = kv.page_views(range(3))
-        keys = [kv_keys[2][1], ix_keys[0][0], kv_keys[0][0], kv_keys[2][0], ix_keys[1][0], kv_keys[0][1]]
-        bufs = [
-            views[2][1],
-            idx.page_views([0])[0][0],
-            views[0][0],
-            views[2][0],
-            idx.page_views([1])[0][0],
-            views[0][1],
-        ]
-        keys.append("foreign-scheme-key")
-        bufs.append(torch.zeros(10, dtype=torch.uint8))
-        store.batch_io_v1("set", keys, bufs)
+        assert (
+            store.batch_io_v1("set", ["a.k", "a.v", "b.k", "b.v"], [k0, v0, k1, v1], PoolName.KV)
+            == [True] * 4
+        )
+        ix_views = [v for page in idx.page_views(range(2)) for v in page]
+        store.batch_io_v1("set", ["x.kv.k.0.a", "x.kv.k.0.b"], ix_views, PoolName.INDEXER)  # kv-like keys
+        # page 0 whole; page 1 lacks its v, page 2 its k: 1 page done, 4 components (256 bytes) read
+        got = store.batch_io_v1("get", ["a.k", "a.v", "b.k", "-", "-", "b.v"], [k0, v0, k1, v1, k0, v0])
+        assert got == [True, True, True, False, False, True]
+        assert store.batch_io_v1("exists", ["a.k", "a.v", "b.k", "-"]) == [True, True, True, False]
         pools = ext.snapshot()["pools"]
     assert pools["kv"]["pages_written"] == 2 and pools["kv"]["bytes_written"] == 4 * 64
     assert pools["indexer"]["pages_written"] == 2 and pools["indexer"]["bytes_written"] == 2 * 16
-    assert pools["unknown"]["bytes_written"] == 10
+    assert pools["kv"]["pages_read"] == 1 and pools["kv"]["failed_get"] == 2
+    assert pools["kv"]["bytes_read"] == 4 * 64
+    assert (pools["kv"]["exists_hits"], pools["kv"]["exists_misses"]) == (1, 1)
+    assert ext.snapshot()["internal_errors"] == 0
+
+
+def test_v1_keys_that_are_not_whole_pages(memory_backends) -> None:
+    """Keys that are not whole pages of a registered pool count one page per key, at the size of
+    its buffer."""
+    kv = MHAKVPool(4, 4, 1, 1, 8)
+    k0, v0 = kv.page_views([0])[0]
+    with hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"])) as store:
+        ext = metrics_of(store)
+        store.register_pool(PoolName.KV, kv)
+        store.batch_io_v1("set", ["c.k", "c.v", "d.k"], [k0, v0, k0], PoolName.KV)  # 1.5 pages
+        store.batch_io_v1("set", ["m"], [torch.zeros(10, dtype=torch.uint8)], PoolName.MAMBA)  # unregistered
+        pools = ext.snapshot()["pools"]
+    assert (pools["kv"]["pages_written"], pools["kv"]["bytes_written"]) == (3, 3 * 64)
+    assert (pools["mamba"]["pages_written"], pools["mamba"]["bytes_written"]) == (1, 10)
+
+
+class _Answer:
+    """Answers every v1 call before the backend with ``answer(len(keys))``."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    @hc.hookimpl(tryfirst=True)
+    def hicache_batch_io_v1(self, keys: list[str]) -> Any:
+        return self.answer(len(keys))
+
+
+def test_v1_results_counted_as_the_store_takes_them(memory_backends) -> None:
+    """A wrong-length result is a ``BackendContractError``; a tuple of bools is counted."""
+    with hc.open_store(hc.StorageConfig(backend="memory", extensions=["metrics"])) as store:
+        ext = metrics_of(store)
+        store.pm.register(_Answer(lambda n: [True] * (n - 1)), name="short")
+        with pytest.raises(hc.BackendContractError):
+            store.batch_io_v1("exists", ["a", "b"])
+        store.pm.unregister(name="short")
+        store.pm.register(_Answer(lambda n: (True,) * n), name="tuple")
+        assert store.batch_io_v1("exists", ["a", "b"]) == [True, True]
+        snap = ext.snapshot()
+    assert snap["errors"] == {"exists": {"BackendContractError": 1}}
+    assert snap["pools"]["kv"]["exists_hits"] == 2 and snap["exists_calls"] == 1
+    assert snap["latency"]["exists/v1"]["count"] == 2
