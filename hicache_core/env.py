@@ -92,12 +92,15 @@ SWITCHES: Final[tuple[EnvVar, ...]] = (
     _switch("BACKENDS_BLOCK", "comma list", "", "these backends may not load"),
     _switch("TRACE", "bool", "0", "log every hook call to the `hicache.trace` logger"),
     _switch("PURE_PYTHON_HASH", "bool", "0", "use the pure-Python page hashing, not the C extension"),
+    _switch("PURE_PYTHON_BATCH", "bool", "0", "retired, accepted and ignored: the core has no batch C code"),
     _switch("REQUIRE_NATIVE", "bool", "0", "build: fail when a C extension cannot be compiled"),
     _switch("METRICS_PORT", "int", "", "metrics extension: serve Prometheus metrics on this port"),
     _switch("METRICS_ADDR", "str", "127.0.0.1", "metrics extension: address of that exporter"),
     _switch("BENCH_SMOKE", "bool", "0", "benchmarks: a few iterations only (the smoke test)"),
     _switch("LONG_TESTS", "bool", "0", "the project's own tests: run the long variants"),
-    _switch("KEEP_SERVER_LOGS", "bool", "0", "the project's own tests: keep the logs of the servers they start"),
+    _switch(
+        "KEEP_SERVER_LOGS", "bool", "0", "the project's own tests: keep the logs of the servers they start"
+    ),
 )
 
 VARIABLES: Final[tuple[EnvVar, ...]] = CONFIG_VARS + SWITCHES

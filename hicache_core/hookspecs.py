@@ -105,7 +105,7 @@ def hicache_batch_io_v1(
     place), and the controller never reports that page as loaded.
 
     ``pool_name`` may be left out of an implementation's signature (pluggy passes arguments by
-    name), so implementations written before it was added keep working.
+    name), so implementations that do not take it keep working.
 
     Returns one bool per key: ``EXISTS`` -> the object is present and readable; ``GET`` ->
     the buffer now holds the object's bytes; ``SET`` -> the object is durably published (an

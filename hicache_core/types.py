@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from operator import countOf
 from typing import TYPE_CHECKING, Any, Union
 
 from .errors import BatchShapeError
@@ -164,7 +165,9 @@ class PoolTransfer:
         object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
         object.__setattr__(self, "host_indices", _as_int_tuple(self.host_indices))
         object.__setattr__(self, "page_hashes", tuple(self.page_hashes))
-        object.__setattr__(self, "keys", tuple(map(tuple, self.keys)))
+        keys = self.keys
+        if type(keys) is not tuple or countOf(map(type, keys), tuple) != len(keys):
+            object.__setattr__(self, "keys", tuple(map(tuple, keys)))
         n = len(self.page_hashes)
         if len(self.host_indices) != n:
             raise BatchShapeError(
@@ -182,6 +185,7 @@ class PoolTransfer:
 
 def _as_int_tuple(values: Iterable[int] | Any) -> tuple[int, ...]:
     tolist = getattr(values, "tolist", None)
-    if tolist is not None:
-        values = tolist()
-    return tuple(map(int, values))
+    out = tuple(tolist() if tolist is not None else values)
+    if countOf(map(type, out), int) != len(out):
+        out = tuple(map(int, out))
+    return out

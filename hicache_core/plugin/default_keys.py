@@ -41,7 +41,10 @@ class DefaultPageKeys:
                 "store.register_pool) before doing I/O on it"
             ) from None
         hashes = ValidHashes(page_hashes)  # the controller's batches are ValidHashes already
-        if len(prefixes) == 1:
+        if len(prefixes) == 1:  # MLA KV, indexer
             (p0,) = prefixes
             return [(p0 + h,) for h in hashes]
-        return [tuple(p + h for p in prefixes) for h in hashes]
+        if len(prefixes) == 2:  # MHA KV: k and v
+            p0, p1 = prefixes
+            return [(p0 + h, p1 + h) for h in hashes]
+        return list(zip(*[[p + h for h in hashes] for p in prefixes]))

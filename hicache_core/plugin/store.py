@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 from pydantic import BaseModel, ValidationError
 
+from .. import hookspecs
 from ..config import StorageConfig, format_validation_error
 from ..env import env_flag
 from ..errors import (
@@ -24,7 +25,6 @@ from ..errors import (
     PoolError,
 )
 from ..types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
-from .. import hookspecs
 from .default_keys import DefaultPageKeys
 from .protocol import Backend
 from .registry import availability, load_backend_class, load_extension_class
@@ -204,6 +204,8 @@ class Store:
                 f"backend {self.name!r}: hicache_page_keys returned "
                 f"{'None' if result is None else len(result)} entries for {len(page_hashes)} pages"
             )
+        if countOf(map(type, result), tuple) == len(result):
+            return list(result)  # a list of our own; the tuples are immutable
         return [tuple(k) for k in result]
 
     def batch_io_v1(

@@ -19,8 +19,8 @@ from ..config import StorageConfig
 from ..errors import BatchShapeError, ConfigError, HiCacheError, PoolError
 from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
-from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName
-from .path import IoPath, Request, TransferPath
+from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
+from .path import IoPath, Request, TransferPath, select_io_path
 from .plan import IndexLike, Plan, plan_request, restorable, usable
 from .prefetch import PrefetchHandle
 from .results import QueryResult, TransferResult
@@ -83,14 +83,13 @@ class CacheController:
                 )
         if not self.pools.allocated:
             self.pools.allocate(store.alloc_host_memory)
-        self.io_path: IoPath = (
-            "v2" if caps.v2 and (cfg.layout is Layout.PAGE_FIRST or not caps.zero_copy) else "v1"
-        )
-        if self.io_path == "v1" and not caps.v1:
+        io_path = select_io_path(caps, cfg.layout)
+        if io_path is None:
             raise PoolError(
                 f"backend {store.name!r} only implements zero-copy v2, which needs layout='page_first'; "
                 f"config.layout is {cfg.layout.value!r}"
             )
+        self.io_path: IoPath = io_path
         self.draft_io, draft_path = self._resolve_draft()
         for name, pool in self.pools.items():
             if name is PoolName.DRAFT and draft_path is None:

@@ -26,14 +26,26 @@ from typing import Literal, TypeVar
 from ..errors import BackendTimeoutError, HiCacheError
 from ..paging import ValidHashes
 from ..plugin import Store
-from ..types import HitPolicy, IoOp, PoolName, PoolTransfer
+from ..types import Capabilities, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
 from .plan import Plan, chunks, mark
 
-__all__ = ["IoPath", "Request", "TransferPath"]
+__all__ = ["IoPath", "Request", "TransferPath", "select_io_path"]
 
 log = logging.getLogger("hicache")
 T = TypeVar("T")
 IoPath = Literal["v1", "v2"]
+
+
+def select_io_path(capabilities: Capabilities, layout: Layout) -> IoPath | None:
+    """The I/O path for a backend declaring ``capabilities`` over host pools in ``layout``.
+
+    v2 when the backend declares it and the layout allows it (zero-copy v2 needs
+    ``page_first``), otherwise v1; ``None`` when the backend offers neither for this layout
+    (a zero-copy-v2-only backend over ``layer_first`` pools).
+    """
+    if capabilities.v2 and (layout is Layout.PAGE_FIRST or not capabilities.zero_copy):
+        return "v2"
+    return "v1" if capabilities.v1 else None
 
 
 class Request:
@@ -81,7 +93,13 @@ class TransferPath:
         """The component keys of ``plan``'s pages."""
         cache = req.keys.get(plan.name)
         if cache is None:
+            if len(plan.positions) == len(req.hashes):  # the whole request: one hook call
+                keys = self.store.page_keys(plan.name, req.hashes)
+                req.keys[plan.name] = keys  # type: ignore[assignment]
+                return keys
             cache = req.keys[plan.name] = [None] * len(req.hashes)
+        elif len(plan.positions) == len(req.hashes) and None not in cache:
+            return cache  # type: ignore[return-value]
         todo = [i for i in plan.positions if cache[i] is None]
         if todo:
             resolved = self.store.page_keys(plan.name, req.hashes.pick(todo))
@@ -96,7 +114,7 @@ class TransferPath:
                 PoolTransfer(
                     p.name,
                     tuple(p.indices),
-                    req.hashes.pick(p.positions),
+                    req.hashes if len(p.positions) == len(req.hashes) else req.hashes.pick(p.positions),
                     HitPolicy(p.pool.hit_policy),
                     tuple(self.keys(req, p)),
                 )

@@ -164,10 +164,9 @@ def mark(out: list[bool], base: int, positions: Sequence[int], ok: Sequence[bool
 
 def leading_run(flags: Sequence[bool]) -> int:
     """Length of the leading run of true entries (the prefix length, since page hashes chain)."""
-    for i, f in enumerate(flags):
-        if not f:
-            return i
-    return len(flags)
+    if all(flags):
+        return len(flags)
+    return list(map(bool, flags)).index(False)
 
 
 def usable(plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int) -> int:

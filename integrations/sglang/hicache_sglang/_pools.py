@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from hicache_core import ComponentSpec, HitPolicy, HostPool, Layout, PoolError, PoolName
+from hicache_core import ComponentSpec, HitPolicy, HostPool, KeyFormatError, Layout, PoolError, PoolName
 
 from ._config import PAGE_CONTIGUOUS_LAYOUTS
 
-__all__ = ["SGLangPoolView", "build_pool_view", "pool_name"]
+__all__ = ["FlatPages", "SGLangPoolView", "build_pool_view", "pool_name"]
 
 # SGLang PoolName value -> hicache PoolName (pools hicache's key scheme knows).
 _POOLS = {p.value: p for p in PoolName}
@@ -83,6 +83,62 @@ class SGLangPoolView(HostPool):
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
         return self._views
+
+    def token_pages(self, host_indices: Any, n: int) -> list[int]:
+        """Host page indices of ``n`` keys from SGLang's TOKEN host indices (``n * page_size`` of
+        them; the page of key ``i`` is ``host_indices[i * page_size] // page_size``)."""
+        ps = self.page_size
+        if host_indices is None:
+            raise PoolError("host_indices is None")
+        flat = (
+            host_indices.reshape(-1) if isinstance(host_indices, torch.Tensor) else torch.tensor(host_indices)
+        )
+        if flat.numel() != n * ps:
+            raise PoolError(
+                f"{flat.numel()} host indices for {n} keys of pool with page_size {ps}; SGLang passes "
+                "len(keys) * page_size token indices"
+            )
+        firsts = flat[::ps].to(torch.int64)
+        if bool((firsts % ps).any()):
+            raise PoolError(f"host indices are not aligned to the page size {ps}")
+        return self.check_indices((firsts // ps).tolist())
+
+
+class FlatPages(HostPool):
+    """The flat data pages of one legacy ``get`` / ``set`` call as a pool: page ``i`` is ``pages[i]``.
+
+    SGLang's generic page path hands over one flat tensor per page (``get_data_page(flat=True)``);
+    each is split into the components of ``like`` (the registered pool of those pages). Only the
+    v1 copy path can move these pages: they are not in any registered pool.
+    """
+
+    def __init__(self, name: PoolName, like: HostPool, pages: Sequence[Any]) -> None:
+        super().__init__(
+            like.specs, max(1, len(pages)), layout=like.layout, page_size=like.page_size, allocate=False
+        )
+        self.hit_policy = like.hit_policy
+        self.rank_replicated = like.rank_replicated
+        self._pages = [self._split(name, like, t) for t in pages]
+
+    @staticmethod
+    def _split(name: PoolName, like: HostPool, tensor: Any) -> tuple[torch.Tensor, ...]:
+        if not isinstance(tensor, torch.Tensor):
+            raise KeyFormatError(
+                "hicache-sglang: legacy get/set take a flat page tensor (SGLang's generic page path); "
+                f"got {type(tensor).__name__}"
+            )
+        if tensor.device.type != "cpu" or not tensor.is_contiguous():
+            raise PoolError("hicache-sglang: legacy page tensors must be contiguous CPU tensors")
+        flat = tensor.view(-1).view(torch.uint8)
+        if flat.numel() != like.page_nbytes:
+            raise PoolError(
+                f"hicache-sglang: flat page of {flat.numel()} bytes for pool {name.value!r} whose "
+                f"pages hold {like.page_nbytes} bytes"
+            )
+        return tuple(torch.split(flat, list(like.component_nbytes)))  # views, one per component
+
+    def page_views(self, indices: Iterable[int]) -> list[tuple[torch.Tensor, ...]]:
+        return [self._pages[i] for i in indices]
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,16 @@ Semantics follow SGLang's (``sglang.srt.mem_cache.hicache_storage``):
 * no I/O method raises: SGLang runs them on daemon threads that die on an exception, so every
   failure is logged (with the backend named) and reported as missing pages.
 
-SGLang's own controller does the orchestration (batching, exists-before-get, rank agreement,
-prefetch policies), so the adapter drives the hicache ``Store`` directly rather than a
-``CacheController``, which would orchestrate a second time and change the per-call results.
+Every I/O method only translates: SGLang's keys and token indices become a hicache
+``Request`` and one ``Plan`` per pool, which go through the core's ``TransferPath`` (the path
+``CacheController`` uses for every batch: the v1 / v2 choice of ``select_io_path``, component
+results folded into pages, sets that skip stored pages, rank 0 alone writing rank-replicated
+pools), and the per-page flags come back in SGLang's shapes. Draft pages go first, in their own
+request, so a draft failure never touches the target pages. SGLang's own controller does the
+request-level orchestration (exists-before-get, rank agreement, prefetch policies), so the
+adapter asks the path for per-page facts (``until_miss=False``; only ``batch_exists``, which
+counts leading pages, stops at the first miss) rather than going through a ``CacheController``,
+which would orchestrate a second time.
 """
 
 from __future__ import annotations
@@ -42,28 +49,33 @@ from hicache_core import (
     DraftIoMode,
     HiCacheError,
     IoOp,
-    KeyFormatError,
-    Layout,
     OperationNotSupportedError,
     PoolError,
     PoolName,
-    PoolTransfer,
     Store,
     check_page_hash,
     load_backend_class,
     open_store,
 )
+from hicache_core.transfer import Plan, Request, TransferPath, select_io_path
 
 from ._config import AdapterSettings, config_kv_dtype, dtype_name, parse_extra_config, storage_config
-from ._pools import SGLangPoolView, build_pool_view, pool_name
+from ._pools import FlatPages, SGLangPoolView, build_pool_view, pool_name
 from ._stats import StatsDelta
 
 __all__ = ["HiCacheAdapter"]
 
 log = logging.getLogger("hicache.sglang")
 T = TypeVar("T")
-# (pool, page hashes, host page indices) of one pool's share of a batch
-_Part = tuple[PoolName, list[str], list[int]]
+_NOT_OPEN = (
+    "hicache-sglang: no KV host pool registered yet; SGLang calls register_mem_pool_host() right "
+    "after creating the backend (tests must do the same)"
+)
+
+
+def _leading(flags: Sequence[bool]) -> int:
+    """Length of the leading run of ``True`` (the stored prefix: page hashes chain)."""
+    return flags.index(False) if False in flags else len(flags)
 
 
 class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
@@ -77,10 +89,11 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
         # Validate the translation now; the store opens when the KV pool is registered.
         self._config_for("page_first" if storage_config.is_page_first_layout else "layer_first", "bfloat16")
         self._store: Store | None = None
+        self._path: TransferPath | None = None  # pages of the registered pools
+        self._flat_path: TransferPath | None = None  # legacy flat pages: v1 copies only
         self._views: dict[PoolName, SGLangPoolView] = {}
         self._pending: dict[PoolName, Any] = {}
         self._draft_off: str | None = None
-        self._use_v2 = False
         self._lock = threading.RLock()
         self._stats = StatsDelta()
         self.mem_pool_host: Any = None
@@ -94,11 +107,15 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
     def store(self) -> Store:
         """The hicache store (opened by ``register_mem_pool_host``)."""
         if self._store is None:
-            raise PoolError(
-                "hicache-sglang: no KV host pool registered yet; SGLang calls register_mem_pool_host() "
-                "right after creating the backend (tests must do the same)"
-            )
+            raise PoolError(_NOT_OPEN)
         return self._store
+
+    @property
+    def path(self) -> TransferPath:
+        """The transfer path over the store (built by ``register_mem_pool_host``)."""
+        if self._path is None:
+            raise PoolError(_NOT_OPEN)
+        return self._path
 
     def _open(self, kv_pool: Any) -> None:
         layout = str(getattr(kv_pool, "layout", None) or "page_first")
@@ -106,21 +123,23 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
             getattr(kv_pool, "dtype", "bfloat16")
         )
         config = self._config_for(layout, kv_dtype)
-        self._store = open_store(config)
-        caps = self._store.capabilities
-        self._use_v2 = caps.v2 and (config.layout is Layout.PAGE_FIRST or not caps.zero_copy)
-        if not (self._use_v2 or caps.v1):
-            self._store.close()
-            self._store = None
+        store = open_store(config)
+        io_path = select_io_path(store.capabilities, config.layout)
+        if io_path is None:
+            store.close()
             raise PoolError(
                 f"hicache-sglang: backend {config.backend!r} only implements zero-copy v2, which needs "
                 f"--hicache-mem-layout page_first (SGLang's host layout is {layout!r})"
             )
+        batch, owner = config.controller.batch_pages, config.tp_rank == 0
+        self._store = store
+        self._path = TransferPath(store, io_path, batch_pages=batch, owner=owner)
+        self._flat_path = TransferPath(store, "v1", batch_pages=batch, owner=owner)
         log.info(
             "hicache-sglang: opened backend %r (%s path, namespace %s)",
             config.backend,
-            "v2" if self._use_v2 else "v1",
-            self._store.keys.scheme.namespace,
+            io_path,
+            store.keys.scheme.namespace,
         )
 
     def _register(self, name: PoolName, pool: Any) -> None:
@@ -192,82 +211,46 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
                 f"{[p.value for p in self._views]})"
             ) from None
 
-    def _pages(self, view: SGLangPoolView, host_indices: Any, n: int) -> list[int]:
-        """Host page indices from SGLang's token indices (one page per key)."""
-        ps = view.page_size
-        if host_indices is None:
-            raise PoolError("host_indices is None")
-        flat = (
-            host_indices.reshape(-1) if isinstance(host_indices, torch.Tensor) else torch.tensor(host_indices)
-        )
-        if flat.numel() != n * ps:
-            raise PoolError(
-                f"{flat.numel()} host indices for {n} keys of pool with page_size {ps}; SGLang passes "
-                "len(keys) * page_size token indices"
-            )
-        firsts = flat[::ps].to(torch.int64)
-        if bool((firsts % ps).any()):
-            raise PoolError(f"host indices are not aligned to the page size {ps}")
-        return view.check_indices((firsts // ps).tolist())
+    def _plan(self, name: PoolName, first: int, n: int, host_indices: Any = None) -> Plan:
+        """Pool ``name``'s plan for request positions ``[first, first + n)``, from SGLang's token
+        ``host_indices``; without them an existence probe (no host pages)."""
+        view = self._view(name)
+        pages = [0] * n if host_indices is None else view.token_pages(host_indices, n)
+        return Plan(name, view, list(range(first, first + n)), pages)
 
-    def _io(self, op: IoOp, parts: Sequence[_Part]) -> list[list[bool]]:
-        """One store call for every part; one list of per-page bools per part."""
-        store = self.store
-        if self._use_v2:
-            transfers = [
-                PoolTransfer(
-                    name,
-                    tuple(pages) if op is not IoOp.EXISTS else (0,) * len(hashes),
-                    tuple(hashes),
-                    self._view(name).hit_policy,
-                    tuple(store.page_keys(name, hashes)) if hashes else (),
-                )
-                for name, hashes, pages in parts
-            ]
-            return store.batch_io_v2(op, transfers)
-        keys: list[str] = []
-        views: list[torch.Tensor] = []
-        ncomp: list[int] = []
-        for name, hashes, pages in parts:
-            view = self._view(name)
-            ncomp.append(len(view.components))
-            for k in store.page_keys(name, hashes) if hashes else []:
-                keys.extend(k)
-            if op is not IoOp.EXISTS:
-                for v in view.page_views(pages):
-                    views.extend(v)
-        flat = store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views) if keys else []
-        out, off = [], 0
-        for (_, hashes, _), c in zip(parts, ncomp):
-            part = flat[off : off + len(hashes) * c]
-            off += len(hashes) * c
-            out.append([all(part[j : j + c]) for j in range(0, len(part), c)])
+    def _run(
+        self, op: IoOp, hashes: Sequence[str], plans: Sequence[Plan], path: TransferPath | None = None
+    ) -> dict[PoolName, list[bool]]:
+        """Per-page facts for ``plans`` from the transfer path (every page asked, SGLang decides).
+
+        A draft plan runs first and in its own request, so a draft failure never touches the
+        target pages.
+        """
+        path = path or self.path
+        out: dict[PoolName, list[bool]] = {}
+        draft = [p for p in plans if p.name is PoolName.DRAFT]
+        for group in (draft, [p for p in plans if p.name is not PoolName.DRAFT]):
+            if not group:
+                continue
+            req = Request(hashes)
+            if op is IoOp.SET:
+                out.update(path.put(req, group)[0])
+            elif op is IoOp.GET:
+                out.update(path.get(req, group, until_miss=False))
+            else:
+                out.update(path.exists(req, group, until_miss=False))
         return out
 
-    def _set(self, parts: Sequence[_Part]) -> list[list[bool]]:
-        """Write pages that are not stored yet; pages already present report ``True``."""
-        present = self._io(IoOp.EXISTS, parts)
-        missing: list[_Part] = []
-        where: list[tuple[int, list[int]]] = []
-        for p, (part, ex) in enumerate(zip(parts, present)):
-            sel = [i for i, e in enumerate(ex) if not e]
-            if sel:
-                name, hashes, pages = part
-                missing.append((name, [hashes[i] for i in sel], [pages[i] for i in sel]))
-                where.append((p, sel))
-        if missing:
-            for (p, sel), ok in zip(where, self._io(IoOp.SET, missing)):
-                for i, flag in zip(sel, ok):
-                    present[p][i] = flag
-        return present
+    def _kv(self, op: IoOp, keys: list[str], host_indices: Any) -> list[bool]:
+        return self._run(op, keys, [self._plan(PoolName.KV, 0, len(keys), host_indices)])[PoolName.KV]
 
     # ------------------------------------------------------------------- v1
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         """How many leading pages of ``keys`` are stored (every KV component present)."""
 
         def run() -> int:
-            flags = self._io(IoOp.EXISTS, [(PoolName.KV, list(keys), [0] * len(keys))])[0]
-            return flags.index(False) if False in flags else len(flags)
+            plan = self._plan(PoolName.KV, 0, len(keys))
+            return _leading(self.path.exists(Request(keys), [plan])[PoolName.KV])  # stops at a miss
 
         return self._guard("batch_exists", lambda: 0, run) if keys else 0
 
@@ -275,32 +258,25 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
         """Read KV pages into the host pool at ``host_indices``; one bool per page."""
         if not keys:
             return []
-
-        def run() -> list[bool]:
-            pages = self._pages(self._view(PoolName.KV), host_indices, len(keys))
-            return self._io(IoOp.GET, [(PoolName.KV, list(keys), pages)])[0]
-
-        return self._guard("batch_get_v1", lambda: [False] * len(keys), run)
+        fallback = [False] * len(keys)
+        return self._guard("batch_get_v1", lambda: fallback, lambda: self._kv(IoOp.GET, keys, host_indices))
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor, extra_info: Any = None) -> list[bool]:
         """Store KV pages from the host pool at ``host_indices`` (skipping stored ones); one bool per page."""
         if not keys:
             return []
-
-        def run() -> list[bool]:
-            pages = self._pages(self._view(PoolName.KV), host_indices, len(keys))
-            return self._set([(PoolName.KV, list(keys), pages)])[0]
-
-        return self._guard("batch_set_v1", lambda: [False] * len(keys), run)
+        fallback = [False] * len(keys)
+        return self._guard("batch_set_v1", lambda: fallback, lambda: self._kv(IoOp.SET, keys, host_indices))
 
     # ------------------------------------------------------------------- v2
     def _draft_disabled(self, name: PoolName) -> bool:
         return name is PoolName.DRAFT and self._draft_off is not None
 
     def _batch_io_v2(self, op: IoOp, transfers: Sequence[Any]) -> dict[Any, list[bool]]:
+        """One request over every transfer: transfer ``t``'s keys are one run of its positions."""
         results: dict[Any, list[bool]] = {}
-        parts: list[_Part] = []
-        slots: list[Any] = []
+        hashes: list[str] = []
+        plans: dict[PoolName, tuple[Any, Plan]] = {}
         for t in transfers:
             keys = list(t.keys or [])
             results[t.name] = [False] * len(keys)
@@ -308,16 +284,17 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
                 name = pool_name(t.name)
                 if self._draft_disabled(name) or not keys:
                     continue
-                pages = self._pages(self._view(name), t.host_indices, len(keys))
+                if name in plans:
+                    raise PoolError(f"pool {name.value!r} appears twice in one call")
+                plans[name] = (t.name, self._plan(name, len(hashes), len(keys), t.host_indices))
             except HiCacheError as err:
                 log.error("hicache-sglang: batch_%s_v2 skipped pool %s: %s", op.value, t.name, err)
                 continue
-            parts.append((name, keys, pages))
-            slots.append(t.name)
-        if parts:
-            flags = self._set(parts) if op is IoOp.SET else self._io(op, parts)
-            for slot, ok in zip(slots, flags):
-                results[slot] = ok
+            hashes.extend(keys)
+        if plans:
+            flags = self._run(op, hashes, [plan for _, plan in plans.values()])
+            for name, (slot, _) in plans.items():
+                results[slot] = flags[name]
         return results
 
     def batch_get_v2(self, transfers: list[Any], extra_info: Any = None) -> dict[Any, list[bool]]:
@@ -356,23 +333,19 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
         if not keys:
             return PoolTransferResult(0, {}, [])
         n = len(keys)
-        parts: list[_Part] = [(PoolName.KV, keys, [0] * n)]
+        plans = {PoolName.KV: self._plan(PoolName.KV, 0, n)}
         checked: list[tuple[Any, PoolName]] = []
         for t in transfers:
             name = pool_name(t.name)
             if self._draft_disabled(name):
                 continue  # a disabled draft never limits the target prefix
-            if name not in self._views:
-                raise PoolError(f"pool {name.value!r} is not registered")
+            if name not in plans:
+                plans[name] = self._plan(name, 0, n)
             if t.hit_policy not in (PoolHitPolicy.ALL_PAGES, PoolHitPolicy.TRAILING_PAGES):
                 raise PoolError(f"unsupported pool hit policy {t.hit_policy!r} for pool {name.value!r}")
-            if name is not PoolName.KV:
-                parts.append((name, keys, [0] * n))
             checked.append((t, name))
-        found = self._io(IoOp.EXISTS, parts)
-        kv = found[0]
-        kv_pages = kv.index(False) if False in kv else n
-        have = {name: f for (name, _, _), f in zip(parts, found)}
+        have = self._run(IoOp.EXISTS, keys, list(plans.values()))
+        kv_pages = _leading(have[PoolName.KV])
         hit_count: dict[Any, int] = {SGLangPoolName.KV: kv_pages} if kv_pages else {}
         restorable = list(range(1, kv_pages + 1))
         for t, name in checked:
@@ -380,7 +353,7 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
                 break
             f = have[name]
             if t.hit_policy == PoolHitPolicy.ALL_PAGES:
-                boundary = f.index(False) if False in f[:kv_pages] else kv_pages
+                boundary = min(_leading(f), kv_pages)
                 pool_ok = set(range(1, boundary + 1))
             else:
                 trailing = max(1, len(t.keys) if t.keys else 1)
@@ -392,65 +365,32 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
         return PoolTransferResult(restorable[-1] if restorable else 0, hit_count, restorable)
 
     # --------------------------------------------------------------- legacy
-    def _split_key(self, key: str) -> tuple[PoolName, str]:
-        """``"{hash}"`` -> KV; ``"{hash}.{pool}"`` (``HiCacheFile``'s component keys, ``.draft``)."""
-        page_hash, _, pool = str(key).partition(".")
-        name = pool_name(pool) if pool else PoolName.KV
-        return name, check_page_hash(page_hash)
-
-    def _page_buffers(self, name: PoolName, tensor: Any) -> list[torch.Tensor]:
-        """Split a flat data page (SGLang ``get_data_page(flat=True)``) into component buffers."""
-        if not isinstance(tensor, torch.Tensor):
-            raise KeyFormatError(
-                "hicache-sglang: legacy get/set take a flat page tensor (SGLang's generic page path); "
-                f"got {type(tensor).__name__}"
-            )
-        if tensor.device.type != "cpu" or not tensor.is_contiguous():
-            raise PoolError("hicache-sglang: legacy page tensors must be contiguous CPU tensors")
-        view = self._view(name)
-        flat = tensor.view(-1).view(torch.uint8)
-        if flat.numel() != view.page_nbytes:
-            raise PoolError(
-                f"hicache-sglang: flat page of {flat.numel()} bytes for pool {name.value!r} whose "
-                f"pages hold {view.page_nbytes} bytes"
-            )
-        out, off = [], 0
-        for n in view.component_nbytes:
-            out.append(flat[off : off + n])
-            off += n
-        return out
-
     def _legacy(self, op: IoOp, keys: Sequence[str], tensors: Sequence[Any] | None) -> list[bool]:
-        """Legacy per-key I/O through the v1 copy path; one bool per key."""
-        store = self.store
-        flat_keys: list[str] = []
-        bufs: list[torch.Tensor] = []
-        counts: list[int] = []
+        """Per-key I/O of flat pages (v1 copy path); ``"{hash}"`` is a KV page, ``"{hash}.{pool}"``
+        a page of that pool (``HiCacheFile``'s keys, e.g. ``.draft``). One bool per key."""
+        groups: dict[PoolName, list[tuple[int, str]]] = {}
         for i, key in enumerate(keys):
-            name, page_hash = self._split_key(key)
-            if self._draft_disabled(name):
-                counts.append(0)
-                continue
-            page_keys = store.page_keys(name, [page_hash])[0]
-            flat_keys.extend(page_keys)
-            counts.append(len(page_keys))
-            if tensors is not None:
-                value = tensors[i].contiguous() if op is IoOp.SET else tensors[i]
-                bufs.extend(self._page_buffers(name, value))
-        if op is IoOp.SET:
-            present = store.batch_io_v1(IoOp.EXISTS, flat_keys) if flat_keys else []
-            todo = [j for j, e in enumerate(present) if not e]
-            if todo:
-                wrote = store.batch_io_v1(IoOp.SET, [flat_keys[j] for j in todo], [bufs[j] for j in todo])
-                for j, ok in zip(todo, wrote):
-                    present[j] = ok
-            flags = present
-        else:
-            flags = store.batch_io_v1(op, flat_keys, None if op is IoOp.EXISTS else bufs) if flat_keys else []
-        out, off = [], 0
-        for c in counts:
-            out.append(c > 0 and all(flags[off : off + c]))
-            off += c
+            page_hash, _, pool = str(key).partition(".")
+            name = pool_name(pool) if pool else PoolName.KV
+            if not self._draft_disabled(name):
+                groups.setdefault(name, []).append((i, check_page_hash(page_hash)))
+        hashes: list[str] = []
+        plans: list[Plan] = []
+        for name, items in groups.items():  # each pool's keys: one run of request positions
+            view, k = self._view(name), len(items)
+            positions = list(range(len(hashes), len(hashes) + k))
+            if tensors is None:  # existence: no host pages
+                plans.append(Plan(name, view, positions, [0] * k))
+            else:
+                values = [tensors[i].contiguous() if op is IoOp.SET else tensors[i] for i, _ in items]
+                plans.append(Plan(name, FlatPages(name, view, values), positions, list(range(k))))
+            hashes.extend(h for _, h in items)
+        path = self._flat_path if tensors is not None else None  # flat pages: v1 copies only
+        flags = self._run(op, hashes, plans, path) if plans else {}
+        out = [False] * len(keys)
+        for name, items in groups.items():
+            for (i, _), ok in zip(items, flags[name]):
+                out[i] = ok
         return out
 
     def exists(self, key: str) -> bool:
@@ -524,6 +464,7 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
         """Close the hicache store (SGLang calls this on detach)."""
         with self._lock:
             store, self._store = self._store, None
+            self._path = self._flat_path = None
             self._views.clear()
         if store is not None:
             store.close()
