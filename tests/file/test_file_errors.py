@@ -6,12 +6,11 @@ import errno
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 from file_helpers import config, fill, pages, temp_files, zero
-from hicache_file import FileBackend, FileOptions, FileRootError, _native_io, default_root
+from hicache_file import FileBackend, FileOptions, FileRootError, default_root
 
 from hicache_core import (
     BackendIOError,
@@ -97,11 +96,6 @@ def test_options(tmp_path: Path) -> None:
     assert FileBackend.Options is FileOptions
 
 
-# The tests below inject faults by patching ``os`` functions, which only the pure-Python I/O path
-# calls, so they set ``native_io: False``; test_file_native.py injects real faults into both paths.
-PY_IO = {"native_io": False}
-
-
 def _fail_writev_after(monkeypatch: pytest.MonkeyPatch, ok_calls: int, err: int = errno.ENOSPC) -> list[int]:
     calls = [0]
     real = os.writev
@@ -124,7 +118,7 @@ def test_enospc_fails_only_the_affected_pages(
     fill(kv, 1)
     want = pages(kv, range(3))
     hashes = page_hashes(list(range(32)), 4)
-    cfg = config(tmp_path, options={"io_threads": 1, "publish": publish, **PY_IO})
+    cfg = config(tmp_path, options={"io_threads": 1, "publish": publish})
     with CacheController(cfg, kv) as ctl:
         _fail_writev_after(monkeypatch, ok_calls=6)  # 3 pages x (k, v), then the disk is full
         with caplog.at_level(logging.WARNING, logger="hicache.file"):
@@ -153,7 +147,7 @@ def test_short_writes_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         return real(fd, [first])
 
     data = torch.randint(0, 256, (5000,), dtype=torch.uint8)
-    with open_store(config(tmp_path, options={"publish": publish, **PY_IO})) as store:
+    with open_store(config(tmp_path, options={"publish": publish})) as store:
         monkeypatch.setattr(os, "writev", short_writev)
         assert store.batch_io_v1(IoOp.SET, ["s.k"], [data]) == [True]
         monkeypatch.undo()
@@ -169,7 +163,7 @@ def test_publish_failure_leaves_no_temp_file(
     def fail(*args: object, **kw: object) -> None:
         raise OSError(errno.EIO, "I/O error")
 
-    with open_store(config(tmp_path, options={"publish": publish, **PY_IO})) as store:
+    with open_store(config(tmp_path, options={"publish": publish})) as store:
         assert store.backend.publish_mode == publish
         monkeypatch.setattr(os, "rename", fail)
         monkeypatch.setattr(os, "link", fail)
@@ -188,7 +182,7 @@ def test_unreadable_page_is_a_miss_not_an_exception(tmp_path: Path, monkeypatch:
             raise OSError(errno.EIO, "I/O error", path)
         return real_open(path, flags, *a)
 
-    with open_store(config(tmp_path, options=PY_IO)) as store:
+    with open_store(config(tmp_path)) as store:
         bufs = [torch.ones(64, dtype=torch.uint8)] * 2
         assert store.batch_io_v1(IoOp.SET, ["e.bad", "e.good"], bufs) == [True, True]
         monkeypatch.setattr(os, "open", failing_open)
@@ -215,7 +209,7 @@ def test_errors_are_hicache_errors(tmp_path: Path) -> None:
 
 
 def test_close_stops_threads_and_is_idempotent(tmp_path: Path) -> None:
-    opts = {"io_threads": 3, "parallel_min_bytes": 0, "native_io": False}  # the Python engine's pool
+    opts = {"io_threads": 3, "parallel_min_bytes": 0}
     store = open_store(config(tmp_path, options=opts))
     bufs = [torch.ones(10, dtype=torch.uint8)] * 6
     keys = [f"c.k{i}" for i in range(6)]
@@ -229,43 +223,35 @@ def test_close_stops_threads_and_is_idempotent(tmp_path: Path) -> None:
     assert backend.hicache_batch_io_v1(op=IoOp.EXISTS, keys=keys, buffers=None) == [True] * 6
 
 
-@pytest.mark.skipif(not _native_io.available(), reason="the _fastio extension is not built")
-def test_native_batches_use_io_threads_until_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The C engine gets ``io_threads`` for a large batch, and one thread once closed."""
-    asked: list[tuple[str, int]] = []
-    fastio = _native_io._fastio
-
-    class Recorder:
-        def __getattr__(self, name: str) -> Any:
-            real = getattr(fastio, name)
-            if not callable(real) or name in ("xxh3_64", "page_header"):
-                return real
-
-            def call(items: Any, threads: int = 1) -> Any:
-                asked.append((name, threads))
-                return real(items, threads)
-
-            return call
-
-    monkeypatch.setattr(_native_io, "_fastio", Recorder())
-    store = open_store(config(tmp_path, options={"io_threads": 3, "parallel_min_bytes": 0}))
-    keys = [f"c.k{i}" for i in range(80)]
-    bufs = [torch.full((10,), i, dtype=torch.uint8) for i in range(80)]
-    assert all(store.batch_io_v1(IoOp.SET, keys, bufs))
-    assert all(store.batch_io_v1(IoOp.EXISTS, keys, None))
-    out = [torch.zeros(10, dtype=torch.uint8) for _ in range(80)]
-    assert all(store.batch_io_v1(IoOp.GET, keys, out))
-    assert all(torch.equal(a, b) for a, b in zip(out, bufs))
-    assert {t for _, t in asked} == {3} and len(asked) == 3
-    asked.clear()
-    store.close()
-    assert all(store.backend.hicache_batch_io_v1(op=IoOp.EXISTS, keys=keys, buffers=None))
-    assert all(store.backend.hicache_batch_io_v1(op=IoOp.GET, keys=keys, buffers=out))
-    assert {t for _, t in asked} == {1} and len(asked) == 2
-
-
 def test_root_with_foreign_content_is_refused(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("not a page")
     with pytest.raises(FileRootError, match="not empty"):
         open_store(config(tmp_path, options={"max_bytes": 1}))
     assert (tmp_path / "precious.txt").read_text() == "not a page"
+
+
+def test_shard_that_is_a_file_fails_only_its_pages(tmp_path: Path) -> None:
+    """A regular file where a shard directory should be: ENOTDIR for its keys, nothing left behind."""
+    data = [torch.full((500,), i, dtype=torch.uint8) for i in range(3)]
+    with open_store(config(tmp_path)) as store:
+        backend = store.backend
+        bad = os.path.dirname(backend.path_of("x.key-abc"))
+        os.makedirs(os.path.dirname(bad), exist_ok=True)
+        Path(bad).write_bytes(b"not a directory")
+        res = store.batch_io_v1(IoOp.SET, ["x.key-abc", "x.key-abd", "x.other-abc"], data)
+        assert res == [False, True, False]
+        assert backend.stats.write_errors == 2 and backend.stats.writes == 1
+        assert not temp_files(tmp_path)
+        assert store.batch_io_v1(IoOp.EXISTS, ["x.key-abc", "x.key-abd"]) == [False, True]
+
+
+def test_page_that_is_a_directory_is_a_read_error(tmp_path: Path) -> None:
+    with open_store(config(tmp_path)) as store:
+        backend = store.backend
+        good = torch.arange(64, dtype=torch.uint8)
+        assert store.batch_io_v1(IoOp.SET, ["d.good"], [good]) == [True]
+        os.makedirs(backend.path_of("d.dir"))
+        out = [torch.zeros(64, dtype=torch.uint8) for _ in range(2)]
+        assert store.batch_io_v1(IoOp.GET, ["d.dir", "d.good"], out) == [False, True]
+        assert torch.equal(out[1], good)
+        assert backend.stats.read_errors == 1 and backend.stats.integrity_errors == 0

@@ -42,9 +42,10 @@ def test_entry_point_and_capabilities() -> None:
     assert row["draft_io"] == "generic"
 
 
+@pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-def test_mha_roundtrip(tmp_path: Path, layout: str) -> None:
-    cfg = config(tmp_path, layout=layout)
+def test_mha_roundtrip(tmp_path: Path, layout: str, threads: int) -> None:
+    cfg = config(tmp_path, layout=layout, options={"io_threads": threads, "parallel_min_bytes": 0})
     kv = MHAKVPool(24, 4, 3, 2, 8, layout=layout)
     fill(kv, 1)
     hashes = page_hashes(list(range(16 * 4)), 4)

@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # heavy (torch / pydantic); annotations only
     from hicache_core import HostPool, PoolTransfer, StorageConfig
 
 from . import _format as fmt
-from . import _native_io
 from ._clear import clear_namespace
 from ._index import LruIndex, scan_root
 from ._options import FileOptions
@@ -61,7 +60,6 @@ log = logging.getLogger("hicache.file")
 
 _RFLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_MAX = 1 << 15
-_PARALLEL_MIN_PATHS = 64  # an exists() of fewer paths runs in one thread
 _FH = fmt.FIXED_HEADER
 
 
@@ -99,8 +97,6 @@ class FileBackend:
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
         self._closed = False
-        self._native_get = options.native_io and _native_io.available()
-        self._native_set = self._native_get and self._publisher.anonymous and not options.fsync
         self.index: LruIndex | None = None
         self.scan_seconds = 0.0  # the open-time scan (only with max_bytes)
         if options.max_bytes is not None:
@@ -125,11 +121,6 @@ class FileBackend:
     @property
     def integrity_errors(self) -> int:
         return self._stats.integrity_errors
-
-    @property
-    def io_engine(self) -> str:
-        """``"native"`` (the C batch path, see ``native_io``) or ``"python"``, for writes."""
-        return "native" if self._native_set else "python"
 
     @property
     def publish_mode(self) -> str:
@@ -333,11 +324,7 @@ class FileBackend:
         n = len(paths)
         threads = self.options.io_threads
         if op is IoOp.EXISTS:
-            if self._native_get:  # in C, on several threads for a large query
-                many = n >= _PARALLEL_MIN_PATHS and not self._closed
-                found = _native_io.exists(paths, threads if many else 1)
-            else:
-                found = list(map(os.access, paths, repeat(os.F_OK)))
+            found = list(map(os.access, paths, repeat(os.F_OK)))
             self._absent.keys = {k for k, f in zip(keys, found) if not f}
             with self._stats_lock:
                 self._stats.exists_checks += n
@@ -348,18 +335,6 @@ class FileBackend:
         if op is not IoOp.GET:
             absent = getattr(self._absent, "keys", None) or frozenset()
             self._absent.keys = None
-        native = self._native_get if op is IoOp.GET else self._native_set
-        if native:  # one C call moves the whole batch on its own threads
-            track = self.index is not None
-            nt = threads if parallel else 1
-            if op is IoOp.GET:
-                part = _native_io.get_range(self._get_range, track, nt, keys, paths, iovs, sizes, posts)
-            else:
-                part = _native_io.set_range(
-                    self._publisher, self.options.max_bytes, track, nt, keys, paths, iovs, sizes, absent
-                )
-            self._finish(op, n, [part[1]])
-            return part[0]
         work: Any = self._get_range if op is IoOp.GET else self._set_range
         args: tuple[Any, ...] = (keys, paths, iovs, sizes, posts if op is IoOp.GET else absent)
         ex = self._pool() if parallel else None

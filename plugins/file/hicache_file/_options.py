@@ -43,8 +43,7 @@ class FileOptions(BaseModel):
     power loss; without it, a crash of the process still never exposes a torn page, and a page
     damaged by power loss is caught by its checksum and read as a miss).
     ``io_threads``: threads moving one batch in parallel, the caller's included (1 = inline in
-    the caller's thread). The C engine starts them for each batch and joins them before it
-    returns; the Python engine keeps a pool until ``close``.
+    the caller's thread); the other threads are a pool kept until ``close``.
     ``parallel_min_bytes``: batches with fewer payload bytes run inline, where a thread
     hand-off costs more than it saves.
     ``temp_max_age_s``: temp files of killed writers (``publish="rename"`` only) older than this
@@ -54,18 +53,13 @@ class FileOptions(BaseModel):
     inode and links it (Linux; nothing is left behind by a killed writer, one directory
     operation per page), ``"rename"`` writes a named temp file and renames it (portable),
     ``"auto"`` (default) probes the root at open and uses ``tmpfile`` when it works.
-    ``native_io``: move each batch with the ``hicache_file._fastio`` C extension, which issues
-    the page syscalls on ``io_threads`` threads with the GIL released (reads always; writes
-    when ``publish`` resolves to ``tmpfile`` and ``fsync`` is off, since an fsync per page costs
-    far more than the GIL). Ignored when the extension was not built; ``False`` forces the
-    pure-Python path. Same files, same results either way.
     ``exact_skipped``: ``False`` (default): ``set`` skips a page that is already stored itself
     (an ``access(2)`` on the I/O thread that would write it, no bytes written), so the
     controller's ``backup`` makes no separate existence pass and ``TransferResult.skipped``
     stays 0 (``FileBackend.stats.skipped_writes`` counts those pages). ``True``: the backend
     declares ``set_skips_existing=False``, so ``backup`` first asks which pages exist and
-    ``skipped`` counts them exactly, at the cost of that extra batch (about 5 % of a 16 KiB
-    backup + prefetch on ext4 here).
+    ``skipped`` counts them exactly, at the cost of that extra batch (one ``access(2)`` per
+    key before the writes).
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -82,7 +76,6 @@ class FileOptions(BaseModel):
     parallel_min_bytes: int = Field(512 * 1024, ge=0, description="smaller batches run inline")
     temp_max_age_s: float = Field(3600.0, gt=0, description="age after which leftover temp files go")
     publish: Literal["auto", "tmpfile", "rename"] = Field("auto", description="atomic publish method")
-    native_io: bool = Field(True, description="use the C batch I/O path when it is built")
     exact_skipped: bool = Field(
         False, description="backup checks existence first, so TransferResult.skipped counts stored pages"
     )
