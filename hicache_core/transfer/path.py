@@ -107,21 +107,32 @@ class TransferPath:
                 cache[i] = k
         return [cache[i] for i in plan.positions]  # type: ignore[misc]
 
-    def io(self, req: Request, op: IoOp, plans: Sequence[Plan]) -> list[list[bool]]:
-        """One storage call for ``plans`` (v2), or one per plan (v1); per plan, one bool per page."""
+    def transfers(self, req: Request, plans: Sequence[Plan]) -> list[PoolTransfer]:
+        """The v2 ``PoolTransfer`` of each plan: its pool, host pages, page hashes and keys."""
+        whole = len(req.hashes)
+        return [
+            PoolTransfer(
+                p.name,
+                tuple(p.indices),
+                req.hashes if len(p.positions) == whole else req.hashes.pick(p.positions),
+                HitPolicy(p.pool.hit_policy),
+                tuple(self.keys(req, p)),
+            )
+            for p in plans
+        ]
+
+    def io(
+        self, req: Request, op: IoOp, plans: Sequence[Plan], transfers: list[PoolTransfer] | None = None
+    ) -> list[list[bool]]:
+        """One storage call for ``plans`` (v2), or one per plan (v1); per plan, one bool per page.
+
+        ``transfers``: the plans' v2 transfers when already built for them (a put's SET reuses
+        its EXISTS call's transfers when no page was found stored).
+        """
         if self.io_path == "v2":
-            transfers = [
-                PoolTransfer(
-                    p.name,
-                    tuple(p.indices),
-                    req.hashes if len(p.positions) == len(req.hashes) else req.hashes.pick(p.positions),
-                    HitPolicy(p.pool.hit_policy),
-                    tuple(self.keys(req, p)),
-                )
-                for p in plans
-            ]
+            batch = self.transfers(req, plans) if transfers is None else transfers
             return self._guard(
-                req, op, lambda: self.store.batch_io_v2(op, transfers), [len(p.positions) for p in plans]
+                req, op, lambda: self.store.batch_io_v2(op, batch), [len(p.positions) for p in plans]
             )
         return [self._io_v1(req, op, p) for p in plans]
 
@@ -196,17 +207,23 @@ class TransferPath:
                 else:  # rank-replicated data (MLA KV): rank 0 writes it
                     mark(flags[w.name], base[w.name], w.positions, [True] * len(w.positions))
                     skipped += len(w.positions)
+            if not writable:
+                continue
             todo = writable
-            if writable and not self.skips_existing:  # else SET itself keeps stored objects
+            transfers = self.transfers(req, writable) if self.io_path == "v2" else None
+            if not self.skips_existing:  # else SET itself keeps stored objects: no round trip
                 todo = []
-                for w, ok in zip(writable, self.io(req, IoOp.EXISTS, writable)):
+                for w, ok in zip(writable, self.io(req, IoOp.EXISTS, writable, transfers)):
                     mark(flags[w.name], base[w.name], w.positions, ok)
-                    skipped += sum(ok)
+                    stored = sum(ok)
+                    if stored:
+                        skipped += stored
+                        transfers = None  # the SET moves only the rest: its own transfers
                     rest = w.missing(ok)
                     if rest is not None:
                         todo.append(rest)
             if todo:
-                for w, ok in zip(todo, self.io(req, IoOp.SET, todo)):
+                for w, ok in zip(todo, self.io(req, IoOp.SET, todo, transfers)):
                     mark(flags[w.name], base[w.name], w.positions, ok)
         return flags, skipped
 
