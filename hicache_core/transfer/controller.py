@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from ..config import StorageConfig
+from ..config import PrefetchPolicy, StorageConfig
 from ..errors import BatchShapeError, ConfigError, HiCacheError, PoolError
 from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
 from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
-from .path import IoPath, Request, TransferPath, select_io_path
-from .plan import IndexLike, Plan, plan_request, restorable, usable
+from .path import IoPath, Ownership, Request, TransferPath, select_io_path
+from .plan import IndexLike, Plan, leading_run, plan_request, restorable, usable
 from .prefetch import PrefetchHandle
 from .results import QueryResult, TransferResult
 
@@ -64,6 +64,8 @@ class CacheController:
                 self.store.close()
             raise
         self._executor = ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="hicache-io")
+        self._running: set[Ownership] = set()  # operations submitted to _executor, not finished
+        self._running_changed = threading.Condition()
         self._closed = False
 
     # ----------------------------------------------------------------- attach
@@ -89,6 +91,21 @@ class CacheController:
                 f"backend {store.name!r} only implements zero-copy v2, which needs layout='page_first'; "
                 f"config.layout is {cfg.layout.value!r}"
             )
+        # A call that may be abandoned (io_timeout_s, or the deadline of the timeout policy) must
+        # never touch host memory afterwards: such a store moves pages through staging buffers,
+        # which only the v1 path can take.
+        self.staged = (
+            self.settings.io_timeout_s is not None or self.settings.prefetch_policy is PrefetchPolicy.TIMEOUT
+        )
+        if self.staged:
+            if not caps.v1:
+                raise ConfigError(
+                    f"backend {store.name!r} implements only v2, which moves pages straight from and to "
+                    "host memory, so a call abandoned by io_timeout_s or the 'timeout' prefetch policy "
+                    "could still write host slots later; leave io_timeout_s unset and use the "
+                    "'best_effort' or 'wait_complete' prefetch policy with this backend"
+                )
+            io_path = "v1"
         self.io_path: IoPath = io_path
         self.draft_io, draft_path = self._resolve_draft()
         for name, pool in self.pools.items():
@@ -107,6 +124,7 @@ class CacheController:
             owner=self.config.tp_rank == 0,
             io_timeout_s=settings.io_timeout_s,
             call_pool=self._call_pool,
+            staged=self.staged,
         )
 
     def _resolve_draft(self) -> tuple[DraftIo, IoPath | None]:
@@ -159,19 +177,21 @@ class CacheController:
         pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
         trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
         """
-        return self._prepare("backup", page_hashes, host_indices, extra)()
+        return self._prepare("backup", page_hashes, host_indices, extra)[0]()
 
     def backup_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
     ) -> Future[TransferResult]:
-        return self._submit(self._prepare("backup", page_hashes, host_indices, extra))
+        run, req = self._prepare("backup", page_hashes, host_indices, extra)
+        return self._submit(run, req.owner)
 
     def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
         """How many leading pages can be restored: the minimum over pools under their hit policies."""
-        return self._prepare_query(page_hashes, trailing_window)()
+        return self._prepare_query(page_hashes, trailing_window)[0]()
 
     def query_async(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> Future[QueryResult]:
-        return self._submit(self._prepare_query(page_hashes, trailing_window))
+        run, req = self._prepare_query(page_hashes, trailing_window)
+        return self._submit(run, req.owner)
 
     def prefetch(
         self,
@@ -185,22 +205,48 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
-        return self._prepare("prefetch", page_hashes, host_indices, extra)()
+        return self._prepare("prefetch", page_hashes, host_indices, extra)[0]()
 
     def prefetch_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
     ) -> PrefetchHandle:
         stop = threading.Event()
-        run = self._prepare("prefetch", page_hashes, host_indices, extra, stop)
+        progress = _Progress()
+        run, req = self._prepare("prefetch", page_hashes, host_indices, extra, stop, progress)
+
+        def abandon() -> TransferResult:
+            req.owner.abandon()  # from here on, nothing of this prefetch touches the slots
+            return progress.result(req)
+
         return PrefetchHandle(
-            self._submit(run), stop, self.settings.prefetch_policy, self.settings.prefetch_timeout_s
+            self._submit(run, req.owner),
+            stop,
+            self.settings.prefetch_policy,
+            self.settings.prefetch_timeout_s,
+            abandon if self.staged else None,
         )
 
     # ------------------------------------------------------------ internals
-    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+    def _submit(self, fn: Callable[[], T], owner: Ownership) -> Future[T]:
         if self._closed:
             raise HiCacheError("CacheController is closed")
-        return self._executor.submit(fn)
+        with self._running_changed:
+            self._running.add(owner)
+
+        def run() -> T:
+            try:
+                return fn()
+            finally:
+                with self._running_changed:
+                    self._running.discard(owner)
+                    self._running_changed.notify_all()
+
+        try:
+            return self._executor.submit(run)
+        except BaseException:
+            with self._running_changed:
+                self._running.discard(owner)
+            raise
 
     def _prepare(
         self,
@@ -209,19 +255,22 @@ class CacheController:
         host_indices: IndexLike,
         extra: Any,
         stop: threading.Event | None = None,
-    ) -> Callable[[], TransferResult]:
+        progress: _Progress | None = None,
+    ) -> tuple[Callable[[], TransferResult], Request]:
         """Check the arguments now (bad input raises here, not in a worker); return the run."""
         req = _request(page_hashes)
         plans, draft = plan_request(self.pools, len(req.hashes), host_indices, extra, self.draft_enabled)
         if kind == "backup":
-            return lambda: self._run_backup(req, plans, draft)
-        return lambda: self._run_prefetch(req, plans, draft, stop)
+            return (lambda: self._run_backup(req, plans, draft)), req
+        return (lambda: self._run_prefetch(req, plans, draft, stop, progress or _Progress())), req
 
-    def _prepare_query(self, page_hashes: Sequence[str], window: int) -> Callable[[], QueryResult]:
+    def _prepare_query(
+        self, page_hashes: Sequence[str], window: int
+    ) -> tuple[Callable[[], QueryResult], Request]:
         req = _request(page_hashes)
         if type(window) is not int or window < 1:
             raise BatchShapeError(f"trailing_window must be an int >= 1, got {window!r}")
-        return lambda: self._run_query(req, window)
+        return (lambda: self._run_query(req, window)), req
 
     def _run_backup(self, req: Request, plans: list[Plan], draft: Plan | None) -> TransferResult:
         flags, skipped = self.path.put(req, plans)
@@ -237,7 +286,7 @@ class CacheController:
     def _draft_op(self, req: Request, op: IoOp, draft: Plan) -> list[bool]:
         """Draft I/O on its own path and calls: a draft failure never touches the target pages."""
         assert self.draft_path is not None
-        draft_req = Request(req.hashes)
+        draft_req = Request(req.hashes, req.owner)
         try:
             if op is IoOp.SET:
                 out = self.draft_path.put(draft_req, [draft])[0][PoolName.DRAFT]
@@ -259,7 +308,12 @@ class CacheController:
         return QueryResult(pages, per_pool, tuple(req.errors))
 
     def _run_prefetch(
-        self, req: Request, plans: list[Plan], draft: Plan | None, stop: threading.Event | None
+        self,
+        req: Request,
+        plans: list[Plan],
+        draft: Plan | None,
+        stop: threading.Event | None,
+        progress: _Progress,
     ) -> TransferResult:
         n = len(req.hashes)
         stopped = stop.is_set if stop is not None else None
@@ -267,28 +321,72 @@ class CacheController:
         if not trailing and draft is None and self.settings.prefetch_threshold <= 1:
             # No existence pass: GET batch by batch and stop after the first miss (at most one
             # batch past the end of the prefix is read in vain; a round trip per batch is saved).
-            flags = self.path.get(req, plans, stopped=stopped)
-            return TransferResult(usable(plans, flags, n), flags, None, 0, tuple(req.errors))
+            progress.start(plans, n)
+            self.path.get(req, plans, stopped=stopped, flags=progress.flags)
+            return progress.result(req)
+        window = max(trailing, default=1)
         probe = [_whole(p.name, p.pool, n) for p in plans]
-        pages = restorable(probe, self.path.exists(req, probe), max(trailing, default=1))[0] if n else 0
+        found = self.path.exists(req, probe) if n else {}
+        pages = restorable(probe, found, window)[0] if n else 0
         if pages == 0 or pages < self.settings.prefetch_threshold:
             empty: dict[PoolName, list[bool]] = {p.name: [] for p in plans}
             return TransferResult(0, empty, [] if draft is not None else None, 0, tuple(req.errors))
+        if draft is not None:
+            progress.draft = self._draft_op(req, IoOp.GET, draft.window(0, pages))
         target = [_prefix(p, pages) for p in plans]  # every plan re-aimed at the prefix [0, pages)
-        draft_flags = self._draft_op(req, IoOp.GET, draft.window(0, pages)) if draft is not None else None
-        flags = self.path.get(req, target, stopped=stopped)
-        return TransferResult(usable(target, flags, pages), flags, draft_flags, 0, tuple(req.errors))
+        progress.start(target, pages)
+        self.path.get(req, target, stopped=stopped, flags=progress.flags)
+        leading = min(
+            (leading_run(progress.flags[p.name]) for p in target if p.pool.hit_policy is HitPolicy.ALL_PAGES),
+            default=pages,
+        )
+        if trailing and leading < pages and not (stopped is not None and stopped()):
+            # An all-pages pool stopped short: the trailing state just read belongs to a longer
+            # prefix. Re-anchor at the longest prefix within the pages read that has its own state.
+            cut = {
+                name: f[:leading] + [False] * (n - leading) if _all_pages(probe, name) else f
+                for name, f in found.items()
+            }
+            pages = restorable(probe, cut, window)[0]
+            if pages == 0:
+                return TransferResult(0, progress.flags, progress.draft, 0, tuple(req.errors))
+            anchored = [_prefix(p, pages) for p in plans]
+            ends = [p for p in anchored if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
+            flags = {p.name: progress.flags[p.name][:pages] for p in anchored if p not in ends}
+            flags.update(self.path.get(req, ends, until_miss=False))
+            progress.start(anchored, pages, flags)
+        return progress.result(req)
 
     # ----------------------------------------------------------------- admin
     def clear(self) -> int:
         """Remove this config's namespace from storage (other models and dtypes are untouched)."""
         return self.store.clear()
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop taking operations, cancel queued ones, and close the store this controller opened.
+
+        On a staged store (``io_timeout_s`` set, or the ``timeout`` prefetch policy) operations
+        still running after ``timeout_s`` are abandoned, logged, and never touch host memory
+        again. Otherwise close waits for them: they move pages straight to and from host memory.
+        """
         if getattr(self, "_closed", True):
             return
         self._closed = True
-        self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=not self.staged, cancel_futures=True)
+        if self.staged:
+            with self._running_changed:
+                self._running_changed.wait_for(lambda: not self._running, timeout=timeout_s)
+                abandoned = list(self._running)
+            for owner in abandoned:
+                owner.abandon()
+            if abandoned:
+                log.warning(
+                    "hicache: close() abandoned %d operation(s) still waiting on backend %r after %.1f s; "
+                    "they no longer touch host memory",
+                    len(abandoned),
+                    self.store.name,
+                    timeout_s,
+                )
         self._call_pool.shutdown(wait=False, cancel_futures=True)
         if self._owns_store:
             self.store.close()
@@ -324,3 +422,30 @@ def _prefix(plan: Plan, pages: int) -> Plan:
             plan.name, plan.pool, list(range(pages - k, pages)), plan.indices[len(plan.indices) - k :]
         )
     return plan.window(0, pages)
+
+
+class _Progress:
+    """A prefetch's target plans and per-page flags, filled in place as batches land, so that a
+    deadline can report the pages loaded so far (:meth:`result`)."""
+
+    __slots__ = ("draft", "flags", "pages", "plans")
+
+    def __init__(self) -> None:
+        self.plans: list[Plan] = []
+        self.flags: dict[PoolName, list[bool]] = {}
+        self.pages = 0
+        self.draft: list[bool] | None = None
+
+    def start(self, plans: list[Plan], pages: int, flags: dict[PoolName, list[bool]] | None = None) -> None:
+        self.flags = flags if flags is not None else {p.name: [False] * len(p.positions) for p in plans}
+        self.plans = plans
+        self.pages = pages
+
+    def result(self, req: Request) -> TransferResult:
+        flags = {name: list(f) for name, f in self.flags.items()}
+        pages = usable(self.plans, flags, self.pages, anchored=True) if self.plans else 0
+        return TransferResult(pages, flags, self.draft, 0, tuple(req.errors))
+
+
+def _all_pages(plans: list[Plan], name: PoolName) -> bool:
+    return any(p.name is name and p.pool.hit_policy is HitPolicy.ALL_PAGES for p in plans)

@@ -18,10 +18,13 @@ The v1 / v2 choice is made once by whoever builds the path, from the declared ca
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from typing import Literal, TypeVar
+
+import torch
 
 from ..errors import BackendTimeoutError, HiCacheError
 from ..paging import ValidHashes
@@ -29,7 +32,7 @@ from ..plugin import Store
 from ..types import Capabilities, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
 from .plan import Plan, chunks, mark
 
-__all__ = ["IoPath", "Request", "TransferPath", "select_io_path"]
+__all__ = ["IoPath", "Ownership", "Request", "TransferPath", "select_io_path"]
 
 log = logging.getLogger("hicache")
 T = TypeVar("T")
@@ -48,17 +51,38 @@ def select_io_path(capabilities: Capabilities, layout: Layout) -> IoPath | None:
     return "v1" if capabilities.v1 else None
 
 
+class Ownership:
+    """Whether an operation may still touch its caller's host slots.
+
+    On a staged path every copy between staging memory and the caller's host slots happens
+    under ``lock`` and only while ``abandoned`` is False. :meth:`abandon` takes the lock, so once
+    it returns no copy of the operation touches the slots again, whatever its backend calls do
+    later: they only ever see the operation's own staging memory.
+    """
+
+    __slots__ = ("abandoned", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.abandoned = False
+
+    def abandon(self) -> None:
+        with self.lock:
+            self.abandoned = True
+
+
 class Request:
-    """One operation's state: its validated page hashes, the errors met so far, and the keys
+    """One operation's state: its validated page hashes, the errors met so far, the keys
     resolved so far (per pool, one entry per position; each page's keys are asked of the
-    ``hicache_page_keys`` hook once per operation)."""
+    ``hicache_page_keys`` hook once per operation), and its :class:`Ownership` of host slots."""
 
-    __slots__ = ("errors", "hashes", "keys")
+    __slots__ = ("errors", "hashes", "keys", "owner")
 
-    def __init__(self, page_hashes: Sequence[str]) -> None:
+    def __init__(self, page_hashes: Sequence[str], owner: Ownership | None = None) -> None:
         self.hashes = ValidHashes(page_hashes)
         self.errors: list[str] = []
         self.keys: dict[PoolName, list[tuple[str, ...] | None]] = {}
+        self.owner = owner if owner is not None else Ownership()
 
 
 class TransferPath:
@@ -66,6 +90,12 @@ class TransferPath:
 
     ``io_timeout_s`` bounds each storage call (run on ``call_pool``); past it the call's pages
     are reported failed. ``owner`` is False on ranks that must not write rank-replicated pools.
+
+    ``staged``: every GET and SET goes through staging memory of its own (v1 only): a SET copies
+    the pages out of the host slots before the call, a GET copies them in after it returns, both
+    under the request's :class:`Ownership`. A call that is abandoned (timed out, or its operation
+    past a deadline or closed) then never touches host memory again and never publishes bytes
+    other than the ones handed over; the price is one copy of every page moved.
     """
 
     def __init__(
@@ -77,15 +107,19 @@ class TransferPath:
         owner: bool = True,
         io_timeout_s: float | None = None,
         call_pool: Executor | None = None,
+        staged: bool = False,
     ) -> None:
         if io_timeout_s is not None and call_pool is None:
             raise ValueError("TransferPath: io_timeout_s needs a call_pool to run bounded calls on")
+        if staged and io_path != "v1":
+            raise ValueError("TransferPath: a staged path moves pages through staging buffers, on v1")
         self.store = store
         self.io_path = io_path
         self.batch_pages = batch_pages
         self.owner = owner
         self.io_timeout_s = io_timeout_s
         self.call_pool = call_pool
+        self.staged = staged
         self.skips_existing = store.capabilities.set_skips_existing
 
     # ------------------------------------------------------------ one batch
@@ -141,12 +175,26 @@ class TransferPath:
         if n == 0:
             return []
         keys = [k for page in self.keys(req, plan) for k in page]
-        views = (
-            None if op is IoOp.EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
-        )
+        views = None if op is IoOp.EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
+        buffers = views
+        if self.staged and views is not None:
+            buffers = _staging(views)
+            if op is IoOp.SET:
+                with req.owner.lock:  # the bytes handed over are copied before the call
+                    if req.owner.abandoned:
+                        return [False] * n
+                    for staged, view in zip(buffers, views):
+                        staged.copy_(view)
         flat = self._guard(
-            req, op, lambda: [self.store.batch_io_v1(op, keys, views, plan.name)], [len(keys)]
+            req, op, lambda: [self.store.batch_io_v1(op, keys, buffers, plan.name)], [len(keys)]
         )[0]
+        if self.staged and op is IoOp.GET and views is not None and buffers is not None:
+            with req.owner.lock:  # host slots are written only while the operation owns them
+                if req.owner.abandoned:
+                    return [False] * n
+                for ok, staged, view in zip(flat, buffers, views):
+                    if ok:
+                        view.copy_(staged)
         if ncomp == 1:
             return flat
         return [all(flat[i * ncomp : (i + 1) * ncomp]) for i in range(n)]  # all components done
@@ -234,13 +282,16 @@ class TransferPath:
         *,
         until_miss: bool = True,
         stopped: Callable[[], bool] | None = None,
+        flags: dict[PoolName, list[bool]] | None = None,
     ) -> dict[PoolName, list[bool]]:
         """Read ``plans``' pages; per plan, one bool per page.
 
         ``until_miss``: stop after the first batch with a page not read (later pages would not be
         usable). ``stopped`` is asked before each batch; once it answers True no batch starts.
+        ``flags``: all-False flags to fill in place (so another thread can read the progress).
         """
-        flags, base = _new_flags(plans)
+        new, base = _new_flags(plans)
+        flags = new if flags is None else flags
         for start, stop in chunks(len(req.hashes), self.batch_pages):
             if stopped is not None and stopped():
                 break
@@ -264,3 +315,14 @@ def _new_flags(plans: Sequence[Plan]) -> tuple[dict[PoolName, list[bool]], dict[
     flags = {p.name: [False] * len(p.positions) for p in plans}
     base = {p.name: p.positions[0] if p.positions else 0 for p in plans}
     return flags, base
+
+
+def _staging(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Contiguous buffers shaped like ``views``, carved from one allocation of this call's own."""
+    memory = torch.empty(sum(v.numel() for v in views), dtype=torch.uint8)
+    out, offset = [], 0
+    for v in views:
+        size = v.numel()
+        out.append(memory[offset : offset + size].view(v.shape))
+        offset += size
+    return out

@@ -169,15 +169,23 @@ def leading_run(flags: Sequence[bool]) -> int:
     return list(map(bool, flags)).index(False)
 
 
-def usable(plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int) -> int:
-    """Leading pages done in every pool under its hit policy."""
+def usable(
+    plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int, *, anchored: bool = False
+) -> int:
+    """Leading pages done in every pool under its hit policy.
+
+    A trailing pool must have all its pages done, else nothing is resumable. ``anchored`` (a
+    restore): its state must also belong to exactly the last usable page, so when an all-pages
+    pool stops short of the trailing pool's last page, nothing is usable.
+    """
     pages = n
     for p in plans:
-        f = flags[p.name]
         if p.pool.hit_policy is HitPolicy.ALL_PAGES:
-            pages = min(pages, leading_run(f))
-        elif not all(f):
-            pages = 0  # state at the end of the prefix is missing: nothing is resumable
+            pages = min(pages, leading_run(flags[p.name]))
+    for p in plans:
+        if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
+            if not all(flags[p.name]) or (anchored and p.positions and p.positions[-1] + 1 != pages):
+                return 0  # the state at the end of the prefix is missing or belongs elsewhere
     return pages
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 
@@ -19,30 +20,43 @@ class PrefetchHandle(Future[TransferResult]):
 
     ``wait_complete`` / ``best_effort``: ``result()`` waits for completion (``best_effort``
     callers may call :meth:`terminate` at any time to stop after the current batch).
-    ``timeout``: ``result()`` waits up to ``prefetch_timeout_s`` from submission, then stops
-    after the current batch and returns what was loaded. ``result.pages`` is always honest.
+    ``timeout``: ``result()`` returns by ``prefetch_timeout_s`` after submission (plus the time
+    of one in-flight copy into host memory), even when the backend never answers: the prefetch
+    is abandoned at the deadline and the handle resolves to the pages loaded by then; nothing of
+    it touches the host slots afterwards (the controller stages such prefetches, see
+    ARCHITECTURE.md). ``result.pages`` is always honest.
     """
 
     def __init__(
-        self, future: Future[TransferResult], stop: threading.Event, policy: PrefetchPolicy, timeout_s: float
+        self,
+        future: Future[TransferResult],
+        stop: threading.Event,
+        policy: PrefetchPolicy,
+        timeout_s: float,
+        abandon: Callable[[], TransferResult] | None = None,
     ) -> None:
         super().__init__()
         self.future = future
         self._stop = stop
         self.policy = policy
         self.timeout_s = timeout_s
+        self._abandon = abandon
         self._t0 = time.monotonic()
+        self._lock = threading.Lock()
         future.add_done_callback(self._relay)
 
     def _relay(self, inner: Future[TransferResult]) -> None:
-        if inner.cancelled():
-            super().cancel()
-            return
-        err = inner.exception()
-        if err is not None:
-            self.set_exception(err)
-        else:
-            self.set_result(inner.result())
+        with self._lock:
+            if self.done():  # resolved at the deadline already
+                return
+            if inner.cancelled():
+                super().cancel()
+                return
+            err = inner.exception()
+            if err is not None:
+                self.set_exception(err)
+            else:
+                self.set_result(inner.result())
 
     def cancel(self) -> bool:
         """Cancel if not started; a running prefetch is asked to stop after its current batch."""
@@ -54,11 +68,23 @@ class PrefetchHandle(Future[TransferResult]):
         self._stop.set()
         return super().result()
 
+    def _expire(self) -> TransferResult:
+        """The deadline passed: stop, abandon what is in flight and resolve to what was loaded."""
+        self._stop.set()
+        if self._abandon is None:
+            return super().result()
+        with self._lock:
+            if not self.done():
+                self.set_result(self._abandon())
+        return super().result()
+
     def result(self, timeout: float | None = None) -> TransferResult:
         if self.policy is PrefetchPolicy.TIMEOUT:
             remaining = max(0.0, self.timeout_s - (time.monotonic() - self._t0))
+            if timeout is not None and timeout < remaining:
+                return super().result(timeout=timeout)
             try:
-                return super().result(timeout=remaining if timeout is None else min(timeout, remaining))
+                return super().result(timeout=remaining)
             except FuturesTimeout:
-                return self.terminate()
+                return self._expire()
         return super().result(timeout=timeout)
