@@ -19,6 +19,10 @@ General rules that hold for every I/O hook:
   a successful ``set`` of the same key; never report a page that was not fully read.
 * ``set`` must be atomic per key: a reader either sees the complete old state (absent) or
   the complete new page, never a torn one.
+* Buffers are lent for the call only: never keep a reference to one or touch it after the
+  hook returns. When the store is staged (``io_timeout_s`` or the ``timeout`` prefetch policy,
+  ARCHITECTURE.md "Ownership of host memory"), v1 buffers are the call's own staging memory,
+  so a call the controller abandoned can finish late without touching the caller's pools.
 """
 
 from __future__ import annotations
