@@ -11,7 +11,15 @@ import pytest
 from hf3fs_util import REPO, _cli_env, cli_backends_result
 from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
 
-from hicache_core import BackendUnavailableError, DraftIoMode, PoolName, StorageConfig, open_store
+from hicache_core import (
+    BackendUnavailableError,
+    DraftIoMode,
+    KeyFormatError,
+    PoolName,
+    PoolTransfer,
+    StorageConfig,
+    open_store,
+)
 from hicache_core.plugin.registry import load_backend_class
 
 VENDORS = {"eic": EicBackend, "nixl": NixlBackend, "simm": SimmBackend}
@@ -87,3 +95,21 @@ def test_cli_check_nixl_fails_with_the_sdk_message_and_no_traceback() -> None:
     if "not implemented" in proc.stderr + proc.stdout:
         pytest.skip("`hicache check` is still a placeholder in the core")
     assert "needs the vendor SDK" in proc.stderr + proc.stdout
+
+
+class _SubclassKey(str):
+    pass
+
+
+@pytest.mark.parametrize("name", sorted(VENDORS))
+@pytest.mark.parametrize("bad", ["../etc/passwd", "a/b", "a\0b", _SubclassKey("ns.kv.k.tp0of1.x"), b"k"])
+def test_io_hooks_check_keys_before_refusing(name: str, bad: object) -> None:
+    backend = object.__new__(VENDORS[name])
+    with pytest.raises(KeyFormatError):
+        backend.hicache_batch_io_v1(op="set", keys=["ns.kv.k.tp0of1.ok", bad], buffers=[])
+    if VENDORS[name].capabilities.v2:
+        transfer = PoolTransfer(PoolName.KV, (0,), ("h",), keys=(("ns.kv.k.tp0of1.ok", bad),))  # type: ignore[arg-type]
+        with pytest.raises(KeyFormatError):
+            backend.hicache_batch_io_v2(op="set", transfers=[transfer])
+    with pytest.raises(KeyFormatError):
+        backend.hicache_batch_io_v1(op="get", keys="ns.kv.k.tp0of1.ok", buffers=[])  # one str is not a batch

@@ -3,16 +3,18 @@
 This is the local stand-in for a 3FS usrbio file plus its metadata service. Three files share
 one path ``P`` (``{prefix}.{rank}.bin``):
 
-``P`` (data)
+``P`` (data, layout in :mod:`._layout`)
     A 4 KiB superblock (magic, geometry, a random file id, CRC), then ``num_slots`` slots of
     ``stride`` bytes. A slot is a 512-byte header -- state, key, payload length, sequence
     number, payload CRC32, header CRC32 -- followed by at most ``capacity`` payload bytes.
-``P.idx`` (index log)
-    Append-only records ``PUT(key, slot, seq)`` and ``FREE(slot, seq)``, each with a CRC32.
-    Replaying the log rebuilds the index after a restart; other processes *tail* it to see new
-    pages. A torn record (crash mid-append) fails its CRC: replay stops there and the next
-    writer truncates it. The log is compacted (rewritten and renamed into place) when it grows
-    well past the live index.
+``P.idx`` (index log, format in :mod:`._indexlog`)
+    A versioned header, then append-only records ``PUT(key, slot, seq)`` and ``FREE(slot,
+    seq)``, each with its own magic and CRC32. Replaying the log rebuilds the index after a
+    restart; other processes *tail* it to see new pages. A damaged record is skipped (its page
+    is a miss, logged and counted in :attr:`SlotFile.integrity_errors`) and replay goes on with
+    the next record that verifies; a writer then rewrites the log without it. A torn last
+    record (crash mid-append) is dropped and truncated by the next writer. The log is compacted
+    (rewritten and renamed into place) when it grows well past the live index.
 ``P.lock``
     ``flock`` target serialising writers (put, remove, compaction, creation) across processes.
 
@@ -44,88 +46,39 @@ import contextlib
 import fcntl
 import logging
 import os
-import struct
 import threading
-import uuid
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from hicache_core import BackendIOError
+
+from . import _indexlog as ilog
+from ._indexlog import FREE, PUT, REC_SIZE
+from ._layout import (
+    HEADER_SIZE,
+    INVALID,
+    MAX_KEY,
+    SUPERBLOCK_SIZE,
+    VALID,
+    crc,
+    create_data_file,
+    fsync_dir,
+    pack_header,
+    read_superblock,
+    slot_stride,
+    unpack_header,
+)
 
 __all__ = ["HEADER_SIZE", "SUPERBLOCK_SIZE", "SlotFile", "slot_stride"]
 
 log = logging.getLogger("hicache.hf3fs")
 
-SUPERBLOCK_SIZE = 4096
-HEADER_SIZE = 512
-ALIGN = 4096
-MAX_KEY = 255
 COMPACT_MIN_BYTES = 1 << 20  # never compact a log smaller than this
 COMPACT_RATIO = 4  # compact when the log is this many times larger than the live index
 
-_SB = struct.Struct("<16sIIQQQ16s")  # magic, version, header size, capacity, stride, slots, file id
-_SB_MAGIC = b"HICACHE-HF3FS-v1"
-_LOG_HDR = struct.Struct("<8s16s")  # magic, file id of the data file this log indexes
-_LOG_MAGIC = b"H3FSIDX1"
-_REC = struct.Struct("<IBxHIQ")  # crc32 (of the rest), kind, key length, slot, seq
-_PUT, _FREE = 1, 2
-_HDR = struct.Struct("<4sBxHQQII")  # magic, state, key length, payload length, seq, payload crc, hdr crc
-_HDR_MAGIC = b"H3SL"
-_VALID, _INVALID = 1, 0
-
 # Outcomes of one slot read (see SlotFile._read_slot).
 _OK, _SIZE, _CHANGED, _SUSPECT = 0, 1, 2, 3
-
-
-def slot_stride(capacity: int) -> int:
-    """Bytes of one slot holding up to ``capacity`` payload bytes (4 KiB aligned)."""
-    return (HEADER_SIZE + capacity + ALIGN - 1) // ALIGN * ALIGN
-
-
-def _crc(*parts: bytes | memoryview) -> int:
-    c = 0
-    for p in parts:
-        c = zlib.crc32(p, c)
-    return c
-
-
-def _pack_header(state: int, key: bytes, length: int, seq: int, payload_crc: int) -> bytes:
-    body = _HDR.pack(_HDR_MAGIC, state, len(key), length, seq, payload_crc, 0)[:-4]
-    head = body + struct.pack("<I", _crc(body, key)) + key
-    return head.ljust(HEADER_SIZE, b"\0")
-
-
-def _unpack_header(raw: bytes | memoryview) -> tuple[int, bytes, int, int, int] | None:
-    """``(state, key, length, seq, payload_crc)`` of a well-formed header, else ``None``."""
-    magic, state, klen, length, seq, pcrc, hcrc = _HDR.unpack_from(raw, 0)
-    if magic != _HDR_MAGIC or klen > MAX_KEY:
-        return None
-    key = bytes(raw[_HDR.size : _HDR.size + klen])
-    if _crc(bytes(raw[: _HDR.size - 4]), key) != hcrc:
-        return None
-    return state, key, length, seq, pcrc
-
-
-def _record(kind: int, slot: int, seq: int, key: bytes = b"") -> bytes:
-    body = _REC.pack(0, kind, len(key), slot, seq)[4:] + key
-    return struct.pack("<I", _crc(body)) + body
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Layout of a slot file: payload capacity per slot, slot stride and slot count."""
-
-    capacity: int
-    stride: int
-    num_slots: int
-    file_id: bytes
-
-    @property
-    def size(self) -> int:
-        return SUPERBLOCK_SIZE + self.num_slots * self.stride
 
 
 class SlotFile:
@@ -153,22 +106,24 @@ class SlotFile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._fd = self._log_fd = -1
+        self.integrity_errors = 0
+        """Pages of this file found corrupt by this process: slots failing their checks (released
+        and reported as misses) and damaged index records (skipped, their pages are misses)."""
         try:
             with self._writer():
                 if not self.path.exists():
                     if not create or capacity is None or num_slots is None:
                         raise FileNotFoundError(str(self.path))
-                    self._create(capacity, num_slots, fallocate)
+                    create_data_file(self.path, capacity, num_slots, fallocate)
                 self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
-                self.geometry = self._read_superblock()
+                self.geometry = read_superblock(self._fd, self.path)
+                self._seed = ilog.seed(self.geometry.file_id)
                 self._open_log(repair=True)
         except BaseException:
             self.close()
             raise
         self._scratch = bytearray(HEADER_SIZE + self.geometry.capacity)
         self._check = bytearray(HEADER_SIZE)
-        self.integrity_errors = 0
-        """Pages of this file found corrupt by this process (released and reported as misses)."""
 
     # ------------------------------------------------------------ public API
     @property
@@ -251,7 +206,7 @@ class SlotFile:
                 protected.add(slot)
                 if victim is not None:
                     self._seq += 1
-                    frees.append(_record(_FREE, slot, self._seq))
+                    frees.append(self._record(FREE, slot, self._seq))
                     self._unmap(slot)
                 planned[key] = [i]
                 plan.append((key, payload, slot, fresh))
@@ -267,7 +222,7 @@ class SlotFile:
                     log.error("hicache hf3fs: writing slot %d of %s failed: %s", slot, self.path, err)
                     self._free.add(slot)
                     continue
-                puts.append(_record(_PUT, slot, self._seq, key.encode()))
+                puts.append(self._record(PUT, slot, self._seq, key.encode()))
                 done.append((key, slot, self._seq))
             if puts:
                 if self.fsync:
@@ -288,7 +243,7 @@ class SlotFile:
             recs = []
             for _, slot in victims:
                 self._seq += 1
-                recs.append(_record(_FREE, slot, self._seq))
+                recs.append(self._record(FREE, slot, self._seq))
             if recs:
                 self._append(b"".join(recs))
                 for _, slot in victims:
@@ -332,52 +287,6 @@ class SlotFile:
         finally:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _create(self, capacity: int, num_slots: int, fallocate: bool) -> None:
-        geo = Geometry(capacity, slot_stride(capacity), num_slots, uuid.uuid4().bytes)
-        tmp = Path(f"{self.path}.tmp.{os.getpid()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-        try:
-            sb = _SB.pack(_SB_MAGIC, 1, HEADER_SIZE, geo.capacity, geo.stride, geo.num_slots, geo.file_id)
-            os.pwrite(fd, sb + struct.pack("<I", _crc(sb)), 0)
-            os.ftruncate(fd, geo.size)
-            if fallocate:
-                os.posix_fallocate(fd, 0, geo.size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        self._fsync_dir()
-        log.info(
-            "hicache hf3fs: created %s (%d slots of %d bytes, %d bytes per page)",
-            self.path,
-            num_slots,
-            geo.stride,
-            capacity,
-        )
-
-    def _read_superblock(self) -> Geometry:
-        raw = os.pread(self._fd, _SB.size + 4, 0)
-        bad = BackendIOError(
-            f"{self.path} is not a hicache hf3fs slot file (bad or unknown superblock); "
-            "delete it or choose another file_path_prefix"
-        )
-        if len(raw) != _SB.size + 4 or _crc(raw[: _SB.size]) != struct.unpack("<I", raw[_SB.size :])[0]:
-            raise bad
-        magic, version, hdr, cap, stride, slots, file_id = _SB.unpack(raw[: _SB.size])
-        if magic != _SB_MAGIC or version != 1 or hdr != HEADER_SIZE or stride < HEADER_SIZE + cap:
-            raise bad
-        geo = Geometry(cap, stride, slots, file_id)
-        if os.fstat(self._fd).st_size < geo.size:
-            raise BackendIOError(f"{self.path} is shorter than its superblock says; delete it to recreate")
-        return geo
-
-    def _fsync_dir(self) -> None:
-        dfd = os.open(self.path.parent, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-
     # ------------------------------------------------------------ index log
     def _reset_index(self) -> None:
         self._index: dict[str, tuple[int, int]] = {}
@@ -388,44 +297,71 @@ class SlotFile:
         self._seq = 0
         self._live_bytes = 0  # size of a compacted log's records
 
+    def _record(self, kind: int, slot: int, seq: int, key: bytes = b"") -> bytes:
+        return ilog.record(self._seed, kind, slot, seq, key)
+
     def _open_log(self, repair: bool) -> None:
         """(Re)open the log and replay it from the start. Call with the writer lock if ``repair``."""
         if self._log_fd >= 0:
             os.close(self._log_fd)
             self._log_fd = -1
         self._reset_index()
-        header = _LOG_HDR.pack(_LOG_MAGIC, self.geometry.file_id)
+        header = ilog.header(self.geometry.file_id)
         try:
             fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC)
         except FileNotFoundError:
-            if not repair:
-                raise
-            fd = self._write_log(header)
-        if os.pread(fd, _LOG_HDR.size, 0) != header:
-            if not repair:
+            fd = -1
+        if fd >= 0 and os.pread(fd, len(header), 0) == header:
+            self._log_fd, self._log_ino, self._log_off = fd, os.fstat(fd).st_ino, len(header)
+            self._tail(repair=repair)
+            return
+        if not repair:  # missing, old, damaged or foreign: decide with no writer active
+            if fd >= 0:
                 os.close(fd)
-                raise BackendIOError(f"{self.log_path} does not belong to {self.path}")
+            with self._writer():
+                self._open_log(repair=True)
+            return
+        if fd < 0:
+            self._rewrite_log()
+            return
+        try:
+            data = os.pread(fd, os.fstat(fd).st_size, 0)
+        finally:
+            os.close(fd)
+        kind, version = ilog.classify(data, self.geometry.file_id)
+        if kind is ilog.Header.NEWER:
+            raise BackendIOError(
+                f"{self.log_path} is an index log of format {version}, written by a newer "
+                f"hicache-hf3fs-stub; this one reads formats 1 and {ilog.VERSION}. Upgrade, or delete "
+                f"{self.path} and its .idx to start empty"
+            )
+        if kind is ilog.Header.V1:
+            replay = ilog.replay_v1(data[ilog.v1_records_offset() :])
+            log.info("hicache hf3fs: upgrading %s from index format 1 to %d", self.log_path, ilog.VERSION)
+        elif kind is ilog.Header.DAMAGED:
+            replay = ilog.replay(data[ilog.HEADER_SIZE :], self._seed)
+            self._report_damage(replay, ilog.HEADER_SIZE, header=True)
+        else:
+            replay = ilog.Replay()
             log.warning(
                 "hicache hf3fs: %s belongs to another data file; starting an empty index", self.log_path
             )
-            os.close(fd)
-            fd = self._write_log(header)
-        self._log_fd = fd
-        self._log_ino = os.fstat(fd).st_ino
-        self._log_off = _LOG_HDR.size
-        self._tail(repair=repair)
+        self._apply(replay.records)
+        self._rewrite_log()
 
     def _write_log(self, content: bytes) -> int:
         tmp = Path(f"{self.log_path}.tmp.{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, content)
+            view = memoryview(content)
+            while view:
+                view = view[os.write(fd, view) :]
             os.fsync(fd)
             os.replace(tmp, self.log_path)
         except BaseException:
             os.close(fd)
             raise
-        self._fsync_dir()
+        fsync_dir(self.path)
         return fd
 
     def _tail(self, repair: bool = False) -> None:
@@ -441,42 +377,65 @@ class SlotFile:
         if size == self._log_off:
             return
         data = os.pread(self._log_fd, size - self._log_off, self._log_off)
-        pos = 0
-        while pos + _REC.size <= len(data):
-            crc, kind, klen, slot, seq = _REC.unpack_from(data, pos)
-            end = pos + _REC.size + klen
-            if klen > MAX_KEY or end > len(data) or _crc(data[pos + 4 : end]) != crc:
-                break
-            if kind == _PUT:
-                self._apply_put(data[pos + _REC.size : end].decode(), slot, seq)
-            elif kind == _FREE:
-                self._unmap(slot)
-                self._free.add(slot)
-                self._seq = max(self._seq, seq)
-            pos = end
-        self._log_off += pos
-        if repair and pos < len(data):
+        replay = ilog.replay(data, self._seed)
+        if replay.damaged and not repair:
+            with self._writer():  # damage, or a race with an appender? Decide with none active.
+                self._tail(repair=True)
+            return
+        self._apply(replay.records)
+        start, self._log_off = self._log_off, self._log_off + replay.consumed
+        if repair and replay.consumed < len(data):
             # A writer died mid-append (we hold the writer lock, so nobody is appending now).
             log.warning("hicache hf3fs: dropping a torn index record at the end of %s", self.log_path)
             os.ftruncate(self._log_fd, self._log_off)
+        if replay.damaged:
+            self._report_damage(replay, start)
+            self._rewrite_log()  # drop the damage, so it is reported once
+
+    def _report_damage(self, replay: ilog.Replay, base: int, header: bool = False) -> None:
+        self.integrity_errors += len(replay.damaged) + header
+        if header:
+            log.warning("hicache hf3fs: the header of %s is corrupt; rewriting it", self.log_path)
+        for off, n in replay.damaged:
+            log.warning(
+                "hicache hf3fs: skipped %d corrupt byte(s) at offset %d of %s (a damaged index "
+                "record: its page is a miss); the records after it are kept",
+                n,
+                base + off,
+                self.log_path,
+            )
+
+    def _apply(self, records: list[ilog.Record]) -> None:
+        for kind, slot, seq, key in records:
+            if not 0 <= slot < self.geometry.num_slots:
+                continue
+            if kind == PUT:
+                self._apply_put(key, slot, seq)
+            else:
+                self._unmap(slot)
+                self._grow(slot)
+                self._free.add(slot)
+                self._seq = max(self._seq, seq)
+
+    def _grow(self, slot: int) -> None:
+        """Note that ``slot`` was used: slots below it that nobody committed are free."""
+        if slot >= self._hwm:
+            self._free.update(range(self._hwm, slot))  # slots a crashed writer never committed
+            self._hwm = slot + 1
 
     def _apply_put(self, key: str, slot: int, seq: int) -> None:
-        if not 0 <= slot < self.geometry.num_slots:
-            return
         old = self._index.get(key)
         if old is not None and old[0] != slot:
             self._unmap(old[0])
             self._free.add(old[0])
         self._unmap(slot)
         self._index[key] = (slot, seq)
-        self._live_bytes += _REC.size + len(key)
+        self._live_bytes += REC_SIZE + len(key)
         self._owner[slot] = key
         self._lru[slot] = None
         self._lru.move_to_end(slot)
         self._free.discard(slot)
-        if slot >= self._hwm:
-            self._free.update(range(self._hwm, slot))  # slots a crashed writer never committed
-            self._hwm = slot + 1
+        self._grow(slot)
         self._seq = max(self._seq, seq)
 
     def _unmap(self, slot: int) -> None:
@@ -484,7 +443,7 @@ class SlotFile:
         if key is not None:
             self._index.pop(key, None)
             self._lru.pop(slot, None)
-            self._live_bytes -= _REC.size + len(key)
+            self._live_bytes -= REC_SIZE + len(key)
 
     def _append(self, blob: bytes) -> None:
         os.lseek(self._log_fd, 0, os.SEEK_END)
@@ -497,18 +456,23 @@ class SlotFile:
 
     def _maybe_compact(self) -> None:
         size = self._log_off
-        if size < COMPACT_MIN_BYTES or size < COMPACT_RATIO * (_LOG_HDR.size + self._live_bytes):
+        if size < COMPACT_MIN_BYTES or size < COMPACT_RATIO * (ilog.HEADER_SIZE + self._live_bytes):
             return
+        self._rewrite_log()
+        log.info("hicache hf3fs: compacted %s from %d to %d bytes", self.log_path, size, self._log_off)
+
+    def _rewrite_log(self) -> None:
+        """Replace the log by the live index (header, then one PUT per entry). Writer lock held."""
         entries = sorted(self._index.items(), key=lambda kv: kv[1][1])
-        content = _LOG_HDR.pack(_LOG_MAGIC, self.geometry.file_id) + b"".join(
-            _record(_PUT, slot, seq, key.encode()) for key, (slot, seq) in entries
+        content = ilog.header(self.geometry.file_id) + b"".join(
+            self._record(PUT, slot, seq, key.encode()) for key, (slot, seq) in entries
         )
         fd = self._write_log(content)
-        os.close(self._log_fd)
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
         self._log_fd = fd
         self._log_ino = os.fstat(fd).st_ino
         self._log_off = len(content)
-        log.info("hicache hf3fs: compacted %s from %d to %d bytes", self.log_path, size, len(content))
 
     # ------------------------------------------------------------ slots
     def _allocate(self, protected: set[int]) -> tuple[int, bool, str | None] | None:
@@ -526,11 +490,11 @@ class SlotFile:
     def _write_slot(self, slot: int, key: bytes, payload: memoryview, seq: int, invalidate: bool) -> None:
         off = self.slot_offset(slot)
         if invalidate:  # readers that still map the old key must see the slot change
-            os.pwrite(self._fd, _pack_header(_INVALID, b"", 0, seq, 0), off)
+            os.pwrite(self._fd, pack_header(INVALID, b"", 0, seq, 0), off)
         n = 0
         while n < len(payload):
             n += os.pwrite(self._fd, payload[n:], off + HEADER_SIZE + n)
-        os.pwrite(self._fd, _pack_header(_VALID, key, len(payload), seq, _crc(payload)), off)
+        os.pwrite(self._fd, pack_header(VALID, key, len(payload), seq, crc(payload)), off)
 
     def _read_slot(self, slot: int, key: bytes, seq: int, nbytes: int) -> tuple[int, memoryview | None]:
         """``(_OK, payload)``, or ``(reason, None)``: ``_SIZE`` (a valid header for this page
@@ -541,13 +505,13 @@ class SlotFile:
         view = memoryview(self._scratch)[: HEADER_SIZE + nbytes]
         if os.preadv(self._fd, [view], off) != len(view):
             return _SUSPECT, None
-        head = _unpack_header(view)
-        if head is None or head[:2] != (_VALID, key) or head[3] != seq:
+        head = unpack_header(view)
+        if head is None or head[:2] != (VALID, key) or head[3] != seq:
             return _SUSPECT, None
         if head[2] != nbytes:
             return _SIZE, None
         payload = view[HEADER_SIZE:]
-        crc_ok = _crc(payload) == head[4]
+        crc_ok = crc(payload) == head[4]
         if os.preadv(self._fd, [self._check], off) != HEADER_SIZE or self._check != view[:HEADER_SIZE]:
             return _CHANGED, None  # rewritten while we read it
         return (_OK, payload) if crc_ok else (_SUSPECT, None)
@@ -567,7 +531,7 @@ class SlotFile:
             if status != _SUSPECT:
                 return payload  # _OK, or a size mismatch (None)
             self._seq += 1
-            self._append(_record(_FREE, slot, self._seq))
+            self._append(self._record(FREE, slot, self._seq))
             self._unmap(slot)
             self._free.add(slot)
             self._maybe_compact()

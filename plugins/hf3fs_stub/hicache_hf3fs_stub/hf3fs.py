@@ -24,7 +24,15 @@ metadata kept next to the file in a crash-safe index log (see :mod:`._slotfile`)
 * **Integrity.** A slot that fails its header or payload CRC check on a read (not a
   concurrent overwrite) is released, logged (WARNING, naming the key) and counted in
   :attr:`Hf3fsBackend.integrity_errors`, which the core's ``metrics`` extension reports; the
-  page is a miss and the next backup rewrites it.
+  page is a miss and the next backup rewrites it. A damaged index record costs its page only
+  (each record is checked on its own, :mod:`._indexlog`) and is counted the same way.
+* **Keys.** Every key given to ``hicache_batch_io_v1`` (and the namespace of
+  ``hicache_clear``) is checked with :func:`hicache_core.check_keys` -- an exact ``str`` from
+  ``[A-Za-z0-9._-]`` without ``..`` -- before any file is touched: a bad key fails the whole
+  call with :class:`~hicache_core.KeyFormatError` and nothing is written.
+* **Options** are strict: integers only (no bools, floats or strings), within the limits of
+  the on-disk format (``MAX_FILE_SIZE``, ``MAX_SLOTS``, ``MAX_BYTES_PER_PAGE``); a bad value is
+  refused when the store opens, naming the field.
 * **Draft KV** is not offloaded (``unsupported``): slots are sized for the target pages.
 """
 
@@ -33,11 +41,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hicache_core import (
     BackendIOError,
@@ -46,11 +54,13 @@ from hicache_core import (
     DraftIo,
     DraftIoMode,
     IoOp,
+    KeyFormatError,
     KeyScheme,
     OptionsError,
     PoolError,
     PoolName,
     check_key,
+    check_keys,
     hookimpl,
 )
 
@@ -61,7 +71,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hicache_core import HostPool, StorageConfig
 
-__all__ = ["DRAFT_REASON", "Hf3fsBackend", "default_prefix"]
+__all__ = [
+    "DRAFT_REASON",
+    "MAX_BYTES_PER_PAGE",
+    "MAX_FILE_SIZE",
+    "MAX_SLOTS",
+    "Hf3fsBackend",
+    "default_prefix",
+]
 
 log = logging.getLogger("hicache.hf3fs")
 
@@ -69,6 +86,14 @@ DRAFT_REASON = (
     "hf3fs page slots are sized for the target KV pages (bytes_per_page is fixed from the "
     "registered target pools when the file is created), not for the draft pool"
 )
+
+
+MAX_FILE_SIZE = 1 << 56
+"""Largest ``file_size`` (64 PiB; file offsets must fit the OS's signed 64-bit ``off_t``)."""
+MAX_SLOTS = (1 << 32) - 1
+"""Most slots per file (index records store a slot number in 32 bits)."""
+MAX_BYTES_PER_PAGE = 1 << 30
+"""Largest ``bytes_per_page`` (1 GiB; each open file keeps a read buffer of one slot)."""
 
 
 def default_prefix() -> str:
@@ -106,21 +131,44 @@ class Hf3fsBackend:
     class Options(BaseModel):
         """Options of the ``hf3fs`` backend."""
 
-        model_config = ConfigDict(extra="forbid", defer_build=True)
+        model_config = ConfigDict(extra="forbid", defer_build=True, strict=True, allow_inf_nan=False)
 
         file_path_prefix: str | None = Field(
             None,
+            min_length=1,
+            max_length=4000,
             description="files are {file_path_prefix}.{rank}.bin; default {user cache dir}/hicache/hf3fs/hicache",
         )
         file_size: int = Field(
-            16 << 30, ge=1 << 16, description="bytes per rank file (sparse unless fallocate)"
+            16 << 30,
+            ge=1 << 16,
+            le=MAX_FILE_SIZE,
+            description="bytes per rank file (sparse unless fallocate)",
         )
-        num_slots: int | None = Field(None, ge=1, description="page slots per file; overrides file_size")
+        num_slots: int | None = Field(
+            None, ge=1, le=MAX_SLOTS, description="page slots per file; overrides file_size"
+        )
         bytes_per_page: int | None = Field(
-            None, ge=1, description="slot payload capacity; default: largest registered component page"
+            None,
+            ge=1,
+            le=MAX_BYTES_PER_PAGE,
+            description="slot payload capacity; default: largest registered component page",
         )
         fsync: bool = Field(False, description="fsync data and index before acknowledging a set")
         fallocate: bool = Field(False, description="reserve the file's blocks up front (posix_fallocate)")
+
+        @field_validator("file_path_prefix")
+        @classmethod
+        def _no_nul(cls, value: str | None) -> str | None:
+            if value is not None and "\0" in value:
+                raise ValueError("a path cannot contain a NUL character")
+            return value
+
+        @model_validator(mode="after")
+        def _fits(self) -> Hf3fsBackend.Options:
+            if self.bytes_per_page is not None and self.num_slots is None:
+                _slots_in(self.file_size, self.bytes_per_page)  # fail now, not at the first write
+            return self
 
     capabilities = Capabilities(
         v1=True,
@@ -182,13 +230,10 @@ class Hf3fsBackend:
                 )
             num_slots = self.options.num_slots
             if capacity is not None and num_slots is None:
-                num_slots = (self.options.file_size - SUPERBLOCK_SIZE) // slot_stride(capacity)
-                if num_slots < 1:
-                    raise OptionsError(
-                        f"hf3fs: file_size={self.options.file_size} cannot hold one slot of "
-                        f"{slot_stride(capacity)} bytes (bytes_per_page={capacity}); raise file_size "
-                        "or set num_slots"
-                    )
+                try:
+                    num_slots = _slots_in(self.options.file_size, capacity)
+                except ValueError as err:
+                    raise OptionsError(f"hf3fs: {err}") from None
             try:
                 f = SlotFile(
                     path,
@@ -200,6 +245,10 @@ class Hf3fsBackend:
                 )
             except FileNotFoundError:
                 return None
+            except OSError as err:
+                if isinstance(err, BackendIOError):
+                    raise
+                raise BackendIOError(f"hf3fs: cannot open {path}: {err}") from err
             if capacity is not None and f.capacity != capacity:
                 log.warning(
                     "hicache hf3fs: %s exists with %d-byte slots (registered pools need %d); keeping "
@@ -214,7 +263,6 @@ class Hf3fsBackend:
     def _groups(self, keys: Sequence[str]) -> dict[str, list[int]]:
         groups: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
-            check_key(key)
             tag = self.shared_tag if _is_replicated(key) else self.own_tag
             groups.setdefault(tag, []).append(i)
         return groups
@@ -239,8 +287,15 @@ class Hf3fsBackend:
     def hicache_batch_io_v1(
         self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
     ) -> list[bool]:
-        """Exists / get / set, one object (page component) per key, one slot per object."""
-        op = IoOp(op)
+        """Exists / get / set, one object (page component) per key, one slot per object.
+
+        The keys are checked (:func:`hicache_core.check_keys`) before any file is touched: one
+        bad key fails the call with :class:`~hicache_core.KeyFormatError`, nothing is written.
+        """
+        op = _io_op(op)
+        keys = _key_batch(keys)
+        if buffers is not None:
+            buffers = list(buffers)  # index the same objects that are checked
         if op is not IoOp.EXISTS and (buffers is None or len(buffers) != len(keys)):
             raise BatchShapeError(
                 f"hf3fs {op.value}: {len(keys)} keys but "
@@ -308,7 +363,7 @@ class Hf3fsBackend:
     @hookimpl
     def hicache_clear(self, namespace: str) -> int:
         """Release this rank's (and the replicated) slots of ``namespace``; other ranks keep theirs."""
-        prefix = namespace + "."
+        prefix = check_key(namespace) + "."
 
         def mine(key: str) -> bool:
             if not key.startswith(prefix):
@@ -332,6 +387,39 @@ class Hf3fsBackend:
             self._closed_integrity_errors += sum(f.integrity_errors for f in files)
         for f in files:
             f.close()
+
+
+def _slots_in(file_size: int, capacity: int) -> int:
+    """Slots of ``capacity`` payload bytes that fit in ``file_size``; ValueError naming the options."""
+    stride = slot_stride(capacity)
+    n = (file_size - SUPERBLOCK_SIZE) // stride
+    if n < 1:
+        raise ValueError(
+            f"file_size={file_size} cannot hold one slot of {stride} bytes (bytes_per_page={capacity}); "
+            "raise file_size or set num_slots"
+        )
+    if n > MAX_SLOTS:
+        raise ValueError(
+            f"file_size={file_size} holds {n} slots of {stride} bytes, more than MAX_SLOTS={MAX_SLOTS}; "
+            "lower file_size or set num_slots"
+        )
+    return n
+
+
+def _io_op(op: object) -> IoOp:
+    try:
+        return IoOp(op)
+    except (ValueError, TypeError):
+        raise BatchShapeError(f"hf3fs: unknown I/O op {op!r}; use one of {[o.value for o in IoOp]}") from None
+
+
+def _key_batch(keys: object) -> tuple[str, ...]:
+    """``keys`` as a tuple, every one checked by :func:`hicache_core.check_keys`."""
+    if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
+        raise KeyFormatError(f"hf3fs: keys must be a sequence of str keys, got {type(keys).__name__}")
+    batch = tuple(keys)  # a snapshot: the keys checked are the keys used
+    check_keys(batch)
+    return batch
 
 
 def _check_buffer(buf: torch.Tensor) -> None:

@@ -5,12 +5,14 @@ as SGLang's backend of the same name does it) so ``hicache backends`` can list i
 reports through ``availability()`` that it cannot run here. The core refuses to open a backend
 whose ``availability()`` gives a reason (:class:`~hicache_core.BackendUnavailableError`); the
 constructor and every I/O hook raise the same error, so no code path stores or returns data.
+The I/O hooks first check the keys they are given (:func:`hicache_core.check_keys`), so a
+hostile key gets :class:`~hicache_core.KeyFormatError` here as from every built-in backend.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -21,8 +23,10 @@ from hicache_core import (
     DraftIo,
     DraftIoMode,
     IoOp,
+    KeyFormatError,
     PoolName,
     PoolTransfer,
+    check_keys,
     hookimpl,
 )
 
@@ -99,13 +103,24 @@ class VendorSdkBackend:
     def hicache_batch_io_v1(
         self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
     ) -> list[bool]:
+        _check_batch(keys)
         self._refuse()
         raise AssertionError  # pragma: no cover - _refuse always raises
 
     @hookimpl
     def hicache_batch_io_v2(self, op: IoOp, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
+        for transfer in transfers:
+            for page_keys in getattr(transfer, "keys", ()):
+                _check_batch(page_keys)
         self._refuse()
         raise AssertionError  # pragma: no cover - _refuse always raises
+
+
+def _check_batch(keys: object) -> None:
+    """:func:`hicache_core.check_keys` on a batch that must be a sequence of keys, not one string."""
+    if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
+        raise KeyFormatError(f"keys must be a sequence of str keys, got {type(keys).__name__}")
+    check_keys(tuple(keys))
 
 
 class EicBackend(VendorSdkBackend):
