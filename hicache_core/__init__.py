@@ -10,6 +10,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    ArgumentTypeError,
     BackendContractError,
     BackendIOError,
     BackendNotFoundError,
@@ -88,6 +89,7 @@ _LAZY = {
 __all__ = [
     "BACKENDS_GROUP",
     "EXTENSIONS_GROUP",
+    "ArgumentTypeError",
     "Backend",
     "BackendContractError",
     "BackendIOError",

@@ -2,6 +2,11 @@
 
 Sources, lowest precedence first: a TOML / YAML / JSON file, then ``HICACHE_*`` environment
 variables, then explicit keyword overrides (see :func:`load_config`).
+
+Every way of building a config (``StorageConfig(...)``, ``model_validate``, ``model_copy(update=...)``,
+the loaders) raises :class:`~hicache_core.ConfigError` naming the field for an invalid value; a
+pydantic ``ValidationError`` never escapes. Durations are finite, positive and at most
+:data:`MAX_TIMEOUT_S`.
 """
 
 from __future__ import annotations
@@ -12,16 +17,21 @@ import os
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import env
-from .errors import ConfigError
+from .errors import ArgumentTypeError, ConfigError
 from .types import Layout
+
+if TYPE_CHECKING:  # pragma: no cover
+    from typing_extensions import Self
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_MODEL_REVISION_LEN",
+    "MAX_TIMEOUT_S",
     "ControllerSettings",
     "PrefetchPolicy",
     "StorageConfig",
@@ -33,6 +43,11 @@ __all__ = [
 log = logging.getLogger("hicache")
 
 ENV_PREFIX = env.PREFIX
+MAX_TIMEOUT_S = 86_400.0
+"""Upper bound of every duration setting (one day): a longer wait is a misconfiguration, and an
+unbounded one (``inf``) would only fail later, inside I/O, with ``OverflowError``."""
+MAX_MODEL_REVISION_LEN = 256
+_MAX_SIZE = 1 << 16  # bound of the tp / pp / attn-cp sizes (keys stay short)
 
 
 class PrefetchPolicy(str, Enum):
@@ -46,7 +61,58 @@ class PrefetchPolicy(str, Enum):
         return str(self.value)
 
 
-class ControllerSettings(BaseModel):
+class _Checked(BaseModel):
+    """A model whose constructors raise :class:`ConfigError` (naming the field), never pydantic's
+    ``ValidationError``."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise _config_error(err, type(self).__name__) from None
+
+    # Behaves as pydantic's own __init__ (only the exception type differs), so pydantic must not
+    # route nested validation through it (it would wrap ConfigError in a ValidationError); this
+    # is the marker pydantic's RootModel uses for the same purpose.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
+        return cls._checked_validate(obj, f"{cls.__name__}.model_validate", **kwargs)
+
+    @classmethod
+    def _checked_validate(cls, obj: Any, source: str, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as err:
+            raise _config_error(err, source) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as err:
+            raise _config_error(err, f"{cls.__name__}.model_validate_json") from None
+
+    @classmethod
+    def model_validate_strings(cls, obj: Any, **kwargs: Any) -> Self:
+        try:
+            return super().model_validate_strings(obj, **kwargs)
+        except ValidationError as err:
+            raise _config_error(err, f"{cls.__name__}.model_validate_strings") from None
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy; with ``update``, the updated fields are VALIDATED (pydantic's own ``model_copy``
+        would accept any value) and an invalid one raises :class:`ConfigError`."""
+        if update is not None and not isinstance(update, Mapping):
+            raise ArgumentTypeError(f"model_copy: update must be a mapping, got {type(update).__name__}")
+        if not update:
+            return super().model_copy(deep=deep)
+        source = f"{type(self).__name__}.model_copy"
+        return type(self)._checked_validate({**self.model_dump(), **update}, source)
+
+
+class ControllerSettings(_Checked):
     """Settings of the :class:`~hicache_core.CacheController`."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,11 +120,15 @@ class ControllerSettings(BaseModel):
     batch_pages: int = Field(128, ge=1, le=1 << 20, description="pages per storage I/O call")
     prefetch_policy: PrefetchPolicy = PrefetchPolicy.BEST_EFFORT
     prefetch_threshold: int = Field(1, ge=0, description="minimum restorable pages worth a prefetch")
-    prefetch_timeout_s: float = Field(5.0, gt=0, description="deadline of the 'timeout' policy")
+    prefetch_timeout_s: float = Field(
+        5.0, gt=0, le=MAX_TIMEOUT_S, allow_inf_nan=False, description="deadline of the 'timeout' policy"
+    )
     io_threads: int = Field(2, ge=1, le=256, description="threads running async operations")
     io_timeout_s: float | None = Field(
         None,
         gt=0,
+        le=MAX_TIMEOUT_S,
+        allow_inf_nan=False,
         description=(
             "bound on one backend call; past it the call's pages are reported failed with "
             "BackendTimeoutError and the call is abandoned (None = no bound, no thread hop)"
@@ -69,11 +139,15 @@ class ControllerSettings(BaseModel):
 _CONTROLLER_FIELDS = frozenset(ControllerSettings.model_fields)
 
 
-class StorageConfig(BaseModel):
+class StorageConfig(_Checked):
     """Everything needed to open a store and key its pages.
 
     ``options`` are validated later by the selected backend's ``Options`` model. Controller
     settings may be given nested (``controller={...}``) or flat (``batch_pages=64``).
+
+    ``model_revision`` (a weights revision or fingerprint, e.g. a commit hash) separates the key
+    namespace when set: two checkpoints published under one ``model_name`` never share pages.
+    Unset (the default), the keys are exactly those of a config without the field.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -81,13 +155,19 @@ class StorageConfig(BaseModel):
     backend: str = Field("file", min_length=1, description="entry-point name in hicache.backends")
     options: dict[str, Any] = Field(default_factory=dict)
     model_name: str = Field("default", min_length=1, max_length=512)
+    model_revision: str | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_MODEL_REVISION_LEN,
+        description="weights revision or fingerprint; when set it separates the key namespace",
+    )
     kv_dtype: str = Field("bfloat16", min_length=1, max_length=64)
     tp_rank: int = Field(0, ge=0)
-    tp_size: int = Field(1, ge=1)
+    tp_size: int = Field(1, ge=1, le=_MAX_SIZE)
     pp_rank: int = Field(0, ge=0)
-    pp_size: int = Field(1, ge=1)
+    pp_size: int = Field(1, ge=1, le=_MAX_SIZE)
     attn_cp_rank: int = Field(0, ge=0)
-    attn_cp_size: int = Field(1, ge=1)
+    attn_cp_size: int = Field(1, ge=1, le=_MAX_SIZE)
     is_mla_model: bool = False
     layout: Layout = Layout.PAGE_FIRST
     should_split_heads: bool = False
@@ -102,7 +182,9 @@ class StorageConfig(BaseModel):
     def _lift_flat_controller_fields(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and _CONTROLLER_FIELDS & set(data):
             data = dict(data)
-            given = data.get("controller") or {}
+            given = data.get("controller")
+            if given is None:
+                given = {}
             if not isinstance(given, Mapping):
                 raise ValueError(
                     f"controller must be a mapping of controller settings, got {type(given).__name__}"
@@ -140,7 +222,8 @@ class StorageConfig(BaseModel):
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> StorageConfig:
         """Load from a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file (environment ignored)."""
-        return _build({**read_config_file(Path(path)), **overrides}, source=str(path))
+        file = _as_path(path, "StorageConfig.from_file: path")
+        return _build({**read_config_file(file), **overrides}, source=str(file))
 
     @classmethod
     def load(
@@ -156,7 +239,8 @@ class StorageConfig(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StorageConfig:
         """Build from ``HICACHE_*`` variables only (no file)."""
-        return _build({**_read_env(os.environ if environ is None else environ), **overrides}, source="env")
+        environ_ = _as_environ(environ, "StorageConfig.from_env")
+        return _build({**_read_env(environ_), **overrides}, source="env")
 
 
 def load_config(
@@ -171,12 +255,16 @@ def load_config(
     ``HICACHE_EXTENSIONS`` a comma-separated list. An unknown ``HICACHE_*`` name is an error
     (it is almost always a typo).
     """
-    environ_ = os.environ if environ is None else environ
+    environ_ = _as_environ(environ, "load_config")
     data: dict[str, Any] = {}
     source = "env"
-    file = path if path is not None else environ_.get(ENV_PREFIX + "CONFIG")
-    if file:
-        data.update(read_config_file(Path(file)))
+    if path is not None:
+        file: Path | None = _as_path(path, "load_config: path")
+    else:
+        raw = environ_.get(ENV_PREFIX + "CONFIG")
+        file = _as_path(raw, ENV_PREFIX + "CONFIG") if raw else None
+    if file is not None:
+        data.update(read_config_file(file))
         source = str(file)
     env_data = _read_env(environ_)
     if isinstance(env_data.get("options"), dict) and isinstance(data.get("options"), dict):
@@ -192,27 +280,58 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"]) or "<root>"
         got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+        got_s = "" if isinstance(got, (dict, list)) else f" (got {_short_repr(got)})"
         lines.append(f"  {prefix}{loc}: {e['msg']}{got_s}")
     return "\n".join(lines)
 
 
+def _short_repr(value: Any, limit: int = 120) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _config_error(err: ValidationError, source: str) -> ConfigError:
+    return ConfigError(
+        f"invalid hicache config from {source}:\n{format_validation_error(err)}\n"
+        f"Valid fields: {sorted(StorageConfig.model_fields)} and controller fields "
+        f"{sorted(_CONTROLLER_FIELDS)}"
+    )
+
+
 def _build(data: Mapping[str, Any], *, source: str) -> StorageConfig:
+    return StorageConfig._checked_validate(dict(data), source)
+
+
+def _as_path(value: object, what: str) -> Path:
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentTypeError(f"{what} must be a str or os.PathLike path, got {type(value).__name__}")
     try:
-        return StorageConfig.model_validate(dict(data))
-    except ValidationError as err:
-        raise ConfigError(
-            f"invalid hicache config from {source}:\n{format_validation_error(err)}\n"
-            f"Valid fields: {sorted(StorageConfig.model_fields)} and controller fields "
-            f"{sorted(_CONTROLLER_FIELDS)}"
-        ) from None
+        return Path(value)
+    except (TypeError, ValueError) as err:  # a PathLike whose __fspath__ returns a non-str
+        raise ArgumentTypeError(f"{what} is not a usable path: {err}") from None
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
+def _as_environ(environ: object, what: str) -> Mapping[str, str]:
+    if environ is None:
+        return os.environ
+    if not isinstance(environ, Mapping):
+        raise ArgumentTypeError(
+            f"{what}: environ must be a mapping of variable names to strings (like os.environ), "
+            f"got {type(environ).__name__}"
+        )
+    return environ
+
+
+def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The mapping held by a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file (a single top-level
+    ``hicache`` table is unwrapped); :class:`ConfigError` when it cannot be read or parsed."""
+    path = _as_path(path, "read_config_file: path")
     try:
         text = path.read_bytes()
-    except OSError as err:
-        raise ConfigError(f"cannot read hicache config file {path}: {err.strerror or err}") from None
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        raise ConfigError(
+            f"cannot read hicache config file {path}: {getattr(err, 'strerror', None) or err}"
+        ) from None
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
@@ -258,6 +377,10 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
     switches = {v.name for v in env.SWITCHES}
     out: dict[str, Any] = {}
     for name, raw in environ.items():
+        if not isinstance(name, str):
+            raise ArgumentTypeError(
+                f"environ must map variable names (str) to values (str), got the name {_short_repr(name)}"
+            )
         if not name.startswith(ENV_PREFIX) or name in switches:
             continue
         field = config_vars.get(name)
@@ -267,16 +390,20 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
                 "listed in hicache_core.env (README: Environment variables): config fields "
                 f"{sorted(config_vars)} and switches {sorted(switches)}"
             )
+        if not isinstance(raw, str):
+            raise ConfigError(f"{name} must be a string (an environment value), got {type(raw).__name__}")
         if field == "options":
             try:
                 value: Any = json.loads(raw)
-            except json.JSONDecodeError as err:
+            except (ValueError, RecursionError) as err:  # JSONDecodeError, or nesting too deep
                 raise ConfigError(f"{name} must be a JSON object: {err}") from None
             if not isinstance(value, dict):
                 raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             out[field] = value
         elif field == "io_timeout_s" and raw.strip().lower() in ("", "none"):
             out[field] = None
+        elif field == "model_revision" and not raw.strip():
+            out[field] = None  # set but empty: no revision
         else:
             out[field] = raw
     return out

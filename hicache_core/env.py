@@ -64,6 +64,12 @@ CONFIG_VARS: Final[tuple[EnvVar, ...]] = (
     _config("backend", "str", default="file", meaning="backend name (an entry point in `hicache.backends`)"),
     _config("options", "JSON object", "{}", "the backend's options, validated by its `Options` model"),
     _config("model_name", "str", "default", "model identity in the key namespace"),
+    _config(
+        "model_revision",
+        "str",
+        "none",
+        "weights revision or fingerprint; when set, separates the key namespace",
+    ),
     _config("kv_dtype", "str", "bfloat16", "KV dtype in the key namespace"),
     _config("tp_rank", "int", "0", "tensor-parallel rank"),
     _config("tp_size", "int", "1", "tensor-parallel size"),

@@ -4,11 +4,19 @@ Every error raised by hicache derives from :class:`HiCacheError`. Each leaf also
 subclasses the builtin exception a caller would naturally catch (``LookupError``,
 ``ValueError``, ...), so code that does not know hicache still handles it sensibly.
 Messages say what went wrong *and* how to fix it.
+
+Every public constructor and call checks its arguments up front: a wrong type raises
+:class:`ArgumentTypeError` (a ``TypeError``) or, where a more specific class already covers the
+argument, that class (``KeyFormatError`` for page hashes, ``BatchShapeError`` for host indices,
+``PoolError`` for pools, ``BackendContractError`` for what a backend declares); a wrong value
+raises the specific ``ValueError`` subclass. Either way the message names the argument, and no
+bare ``TypeError``/``AttributeError`` or pydantic ``ValidationError`` comes out of hicache.
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "BackendContractError",
     "BackendIOError",
     "BackendNotFoundError",
@@ -36,8 +44,21 @@ class BackendUnavailableError(HiCacheError, ImportError):
     """The backend is installed but cannot run here (missing dependency or vendor SDK)."""
 
 
-class BackendContractError(HiCacheError, TypeError):
-    """A backend class or one of its hook results breaks the hicache plugin contract."""
+class BackendContractError(HiCacheError, TypeError, ValueError):
+    """A backend class, one of its hook results or what it declares (``Capabilities``, ``DraftIo``)
+    breaks the hicache plugin contract.
+
+    Both a ``TypeError`` (a wrong kind of object) and a ``ValueError`` (a wrong value, such as
+    ``Capabilities(v1=False, v2=False)``, which raised a plain ``ValueError`` before).
+    """
+
+
+class ArgumentTypeError(HiCacheError, TypeError):
+    """An argument of a public constructor or call has the wrong type; the message names it.
+
+    For example ``HostPoolGroup(kv, extras=[...])`` (extras must be a mapping) or
+    ``CacheController.backup(..., extra=[1])``.
+    """
 
 
 class OptionsError(HiCacheError, ValueError):

@@ -5,13 +5,14 @@ This module imports neither torch nor pydantic, so listing backends stays cheap.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from operator import countOf
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, TypeVar, Union
 
-from .errors import BatchShapeError
+from .errors import ArgumentTypeError, BackendContractError, BatchShapeError, PoolError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -31,6 +32,9 @@ __all__ = [
 class _StrEnum(str, Enum):
     def __str__(self) -> str:
         return str(self.value)
+
+
+_E = TypeVar("_E", bound=_StrEnum)
 
 
 class PoolName(_StrEnum):
@@ -84,7 +88,19 @@ class DraftIo:
     reason: str = ""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mode", DraftIoMode(self.mode))
+        object.__setattr__(self, "mode", _member(DraftIoMode, self.mode, "DraftIo: mode"))
+        if not isinstance(self.reason, str):
+            raise BackendContractError(f"DraftIo: reason must be a str, got {type(self.reason).__name__}")
+
+
+def _member(enum: type[_E], value: object, what: str) -> _E:
+    """``enum(value)``, or :class:`BackendContractError` naming ``what`` and the valid values."""
+    try:
+        return enum(value)
+    except (ValueError, TypeError):
+        raise BackendContractError(
+            f"{what} must be one of {[m.value for m in enum]}, got {value!r:.80}"
+        ) from None
 
 
 _ALL_POOLS = frozenset(PoolName)
@@ -117,14 +133,29 @@ class Capabilities:
     set_skips_existing: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pools", frozenset(PoolName(p) for p in self.pools))
-        object.__setattr__(self, "draft_io", DraftIoMode(self.draft_io))
+        for flag in _FLAGS:
+            value = getattr(self, flag)
+            if not isinstance(value, bool):
+                raise BackendContractError(f"Capabilities: {flag} must be a bool, got {value!r:.80}")
+        pools = self.pools
+        try:
+            if isinstance(pools, (str, bytes)) or not isinstance(pools, Iterable):
+                raise TypeError
+            names = list(pools)
+        except TypeError:
+            raise BackendContractError(
+                f"Capabilities: pools must be a collection of pool names, got {type(pools).__name__}"
+            ) from None
+        object.__setattr__(
+            self, "pools", frozenset(_member(PoolName, p, "Capabilities: pools") for p in names)
+        )
+        object.__setattr__(self, "draft_io", _member(DraftIoMode, self.draft_io, "Capabilities: draft_io"))
         if not (self.v1 or self.v2):
-            raise ValueError("Capabilities: a backend must declare at least one of v1 or v2")
+            raise BackendContractError("Capabilities: a backend must declare at least one of v1 or v2")
         if self.zero_copy and not self.v2:
-            raise ValueError("Capabilities: zero_copy applies to the v2 path; declare v2=True")
+            raise BackendContractError("Capabilities: zero_copy applies to the v2 path; declare v2=True")
         if PoolName.KV not in self.pools:
-            raise ValueError("Capabilities: every backend must support the 'kv' pool")
+            raise BackendContractError("Capabilities: every backend must support the 'kv' pool")
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (pool names sorted)."""
@@ -139,6 +170,8 @@ class Capabilities:
             "set_skips_existing": self.set_skips_existing,
         }
 
+
+_FLAGS = ("v1", "v2", "zero_copy", "persistent", "shared", "set_skips_existing")
 
 IndexLike = Union[Sequence[int], "torch.Tensor"]
 
@@ -161,13 +194,28 @@ class PoolTransfer:
     keys: tuple[tuple[str, ...], ...] = field(default=())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "pool", PoolName(self.pool))
-        object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
+        try:
+            object.__setattr__(self, "pool", PoolName(self.pool))
+        except (ValueError, TypeError):
+            raise PoolError(
+                f"PoolTransfer: unknown pool {self.pool!r:.80}; known pools: {[p.value for p in PoolName]}"
+            ) from None
+        try:
+            object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
+        except (ValueError, TypeError):
+            raise BatchShapeError(
+                f"PoolTransfer: hit_policy must be one of {[h.value for h in HitPolicy]}, "
+                f"got {self.hit_policy!r:.80}"
+            ) from None
         object.__setattr__(self, "host_indices", _as_int_tuple(self.host_indices))
-        object.__setattr__(self, "page_hashes", tuple(self.page_hashes))
+        if type(self.page_hashes) is not tuple:
+            object.__setattr__(self, "page_hashes", _as_tuple(self.page_hashes, "page_hashes"))
         keys = self.keys
         if type(keys) is not tuple or countOf(map(type, keys), tuple) != len(keys):
-            object.__setattr__(self, "keys", tuple(map(tuple, keys)))
+            rows = _as_tuple(keys, "keys")
+            if countOf(map(type, rows), tuple) != len(rows):
+                rows = tuple(_as_tuple(k, "keys[i]") for k in rows)
+            object.__setattr__(self, "keys", rows)
         n = len(self.page_hashes)
         if len(self.host_indices) != n:
             raise BatchShapeError(
@@ -183,9 +231,36 @@ class PoolTransfer:
         return len(self.page_hashes)
 
 
+def _as_tuple(values: object, what: str) -> tuple[Any, ...]:
+    """``tuple(values)`` for a sequence; :class:`ArgumentTypeError` naming ``what`` otherwise (a
+    single string, or something that is not iterable)."""
+    if not isinstance(values, (str, bytes)) and isinstance(values, Iterable):
+        try:
+            return tuple(values)
+        except TypeError:  # e.g. iterating a 0-d tensor
+            pass
+    raise ArgumentTypeError(f"PoolTransfer: {what} must be a sequence, got {type(values).__name__}")
+
+
 def _as_int_tuple(values: Iterable[int] | Any) -> tuple[int, ...]:
+    """Host indices as a tuple of ints (a tensor's ``tolist()``); a non-integer index (a float, a
+    bool, a string) is a :class:`BatchShapeError`, never silently truncated to another page."""
     tolist = getattr(values, "tolist", None)
-    out = tuple(tolist() if tolist is not None else values)
-    if countOf(map(type, out), int) != len(out):
-        out = tuple(map(int, out))
+    try:
+        if tolist is None and isinstance(values, (str, bytes, bytearray, set, frozenset, dict)):
+            raise TypeError  # characters, byte values, no order, keys: not page indices
+        out = tuple(tolist() if tolist is not None else values)
+        if countOf(map(type, out), int) != len(out):
+            out = tuple(map(_index, out))
+    except (TypeError, ValueError):
+        raise BatchShapeError(
+            f"PoolTransfer: host_indices must be a sequence of int host page indices (or an integer "
+            f"tensor), got {values!r:.80}"
+        ) from None
     return out
+
+
+def _index(value: object) -> int:
+    if isinstance(value, bool):
+        raise TypeError("a bool is not a host page index")
+    return operator.index(value)  # type: ignore[arg-type]

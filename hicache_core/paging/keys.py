@@ -5,8 +5,8 @@ A component key is five dot-separated fields::
     {namespace}.{pool}.{component}.{ranks}.{page_hash}
 
 * ``namespace``: ``{model-slug}-{kv_dtype}-{layout}-{digest}``; the digest covers the exact
-  model name, KV dtype and layout, so configs that must not share data never share keys even
-  when their readable slugs coincide;
+  model name, KV dtype and layout (and the model revision when the config sets one), so
+  configs that must not share data never share keys even when their readable slugs coincide;
 * ``pool`` and ``component``: ``kv.k``, ``kv.v``, ``mamba.conv_0``, ``draft.k``... (draft pages
   live in their own key space);
 * ``ranks``: ``tp{r}of{n}`` for per-rank data, ``all`` for rank-replicated data (MLA KV, DSA
@@ -20,6 +20,7 @@ safe as file names on every backend.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable, Sequence
 from operator import countOf
@@ -98,6 +99,8 @@ def check_keys(keys: Sequence[str]) -> None:
 
     For a backend that validates the keys of a whole batch at its I/O boundary.
     """
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise KeyFormatError(f"keys must be a sequence of key strings, got {type(keys).__name__}")
     keys = tuple(keys)
     if not keys or (_all_valid(keys, _KEYS_RE) and not any(".." in k for k in keys)):
         return
@@ -138,6 +141,8 @@ class _KeyConfig(Protocol):
     @property
     def kv_dtype(self) -> str: ...
 
+    # ``model_revision`` (str or None) is read with getattr: a config without it has none.
+
     @property
     def layout(self) -> object: ...
 
@@ -165,7 +170,14 @@ class KeyScheme:
 
     def __init__(self, config: _KeyConfig) -> None:
         layout = str(getattr(config.layout, "value", config.layout))
-        identity = "\0".join((config.model_name, config.kv_dtype, layout))
+        revision = getattr(config, "model_revision", None)
+        if revision is None:
+            # The original identity: every namespace without a revision keeps its exact keys.
+            identity = "\0".join((config.model_name, config.kv_dtype, layout))
+        else:
+            # JSON never holds a raw NUL, the form above always holds two, so the two forms never
+            # collide, and JSON is unambiguous whatever the fields contain.
+            identity = json.dumps(["revision/1", config.model_name, config.kv_dtype, layout, str(revision)])
         digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         slug = _SLUG_RE.sub("-", config.model_name).strip("-_")[:48] or "model"
         dtype = _SLUG_RE.sub("-", config.kv_dtype)[:16] or "dtype"

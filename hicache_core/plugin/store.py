@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 from collections.abc import Sequence
 from operator import countOf
@@ -15,6 +16,7 @@ from .. import hookspecs
 from ..config import StorageConfig, format_validation_error
 from ..env import env_flag
 from ..errors import (
+    ArgumentTypeError,
     BackendContractError,
     BackendIOError,
     BackendUnavailableError,
@@ -285,11 +287,30 @@ class Store:
         return result
 
     def clear(self) -> int:
-        """Remove this config's namespace from storage; returns the number of objects removed."""
+        """Remove this config's namespace from storage; returns the number of objects removed.
+
+        The backend's ``hicache_clear`` receives the bare namespace (``self.keys.scheme.namespace``,
+        no trailing ``.``) and must remove every object whose key starts with ``namespace + "."``
+        (keys are ``{namespace}.{pool}.{component}.{ranks}.{hash}``), so a namespace that is a
+        string prefix of another one never clears it. A result that is not a non-negative int
+        (``None`` included) is a :class:`BackendContractError`.
+        """
         if not self.pm.hook.hicache_clear.get_hookimpls():
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement hicache_clear")
-        removed = self.pm.hook.hicache_clear(namespace=self.keys.scheme.namespace)
-        return int(removed or 0)
+        removed = self._call(
+            self.pm.hook.hicache_clear, "hicache_clear", namespace=self.keys.scheme.namespace
+        )
+        try:
+            count = -1 if isinstance(removed, bool) else operator.index(removed)
+        except TypeError:
+            count = -1
+        if count < 0:
+            got = "None (a missing return statement?)" if removed is None else repr(removed)
+            raise BackendContractError(
+                f"backend {self.name!r}: hicache_clear returned {got}; it must return the number of "
+                "objects it removed, an int >= 0 (0 when the namespace held nothing)"
+            )
+        return count
 
     def close(self) -> None:
         with self._lock:
@@ -318,6 +339,10 @@ class Store:
 
 def open_store(config: StorageConfig | None = None, **overrides: Any) -> Store:
     """Open the configured backend: ``open_store(StorageConfig(backend="file", options={...}))``."""
+    if config is not None and not isinstance(config, StorageConfig):
+        raise ArgumentTypeError(
+            f"config must be a hicache_core.StorageConfig or None, got {type(config).__name__}"
+        )
     if config is None:
         config = StorageConfig(**overrides)
     elif overrides:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from ..errors import PoolError
+from ..errors import ArgumentTypeError, PoolError
 from ..types import PoolName
 from .host import Allocator, HostPool, _checked_alloc, torch_allocator
 
@@ -21,21 +21,28 @@ class HostPoolGroup(Mapping[PoolName, HostPool]):
     def __init__(self, kv: HostPool, extras: Mapping[PoolName | str, HostPool] | None = None) -> None:
         if not isinstance(kv, HostPool):
             raise PoolError(
-                f"HostPoolGroup needs a KV HostPool as its anchor, got {type(kv).__name__}; "
+                f"HostPoolGroup: kv needs a KV HostPool as its anchor, got {type(kv).__name__}; "
                 "build one with MHAKVPool(...) or MLAKVPool(...)"
+            )
+        if extras is not None and not isinstance(extras, Mapping):
+            raise ArgumentTypeError(
+                f"HostPoolGroup: extras must be a mapping of pool name -> HostPool (e.g. "
+                f"{{PoolName.MAMBA: mamba_pool}}) or None, got {type(extras).__name__}"
             )
         pools: dict[PoolName, HostPool] = {PoolName.KV: kv}
         for name, pool in (extras or {}).items():
             try:
                 key = PoolName(name)
-            except ValueError:
+            except (ValueError, TypeError):
                 raise PoolError(
                     f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}"
                 ) from None
             if key is PoolName.KV:
                 raise PoolError("the KV pool is the anchor; pass it as the first argument")
             if not isinstance(pool, HostPool):
-                raise PoolError(f"pool {key.value!r} must be a HostPool, got {type(pool).__name__}")
+                raise PoolError(
+                    f"HostPoolGroup: extras[{key.value!r}] must be a HostPool, got {type(pool).__name__}"
+                )
             pools[key] = pool
         self._pools = pools
 
@@ -46,7 +53,7 @@ class HostPoolGroup(Mapping[PoolName, HostPool]):
     def __getitem__(self, name: PoolName | str) -> HostPool:
         try:
             return self._pools[PoolName(name)]
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, TypeError):
             raise PoolError(
                 f"pool {str(name)!r} is not in this HostPoolGroup; it holds {[p.value for p in self._pools]}"
             ) from None
@@ -54,7 +61,7 @@ class HostPoolGroup(Mapping[PoolName, HostPool]):
     def __contains__(self, name: object) -> bool:
         try:
             return PoolName(name) in self._pools
-        except ValueError:
+        except (ValueError, TypeError):
             return False
 
     def get(self, name: PoolName | str, default: HostPool | None = None) -> HostPool | None:  # type: ignore[override]

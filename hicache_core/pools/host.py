@@ -11,6 +11,11 @@ Every pool is a set of *components* (``k``/``v`` for MHA, ``kv`` for MLA, ``temp
 The byte order of a page view is the same in both layouts (layer-major), so a page stored from
 one layout reads back correctly into the other. Typed views (``pool.typed("k")``) expose the
 logical dtype and shape for the engine.
+
+Every constructor checks its arguments first (``pools/_args.py``): a wrong type raises
+:class:`~hicache_core.errors.ArgumentTypeError`, a wrong value :class:`PoolError`, each naming
+the argument. A ``dtype`` may be a ``torch.dtype`` or its name: ``"bfloat16"``,
+``"torch.float16"``, or one of the aliases ``bf16``/``fp16``/``fp32``/``fp8_e4m3``/``fp8_e5m2``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import BatchShapeError, PoolError
+from ..errors import ArgumentTypeError, BatchShapeError, HiCacheError, PoolError
 from ..types import HitPolicy, Layout
+from ._args import as_dtype, as_int, as_layout, as_shape, check_allocator, check_name
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..config import StorageConfig
@@ -53,12 +59,21 @@ def torch_allocator(nbytes: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class ComponentSpec:
-    """One component of a page: ``num_layers`` blocks of ``shape`` elements of ``dtype``."""
+    """One component of a page: ``num_layers`` blocks of ``shape`` elements of ``dtype``.
+
+    ``dtype`` may be given by name (``"bfloat16"``); it is stored as the ``torch.dtype``.
+    """
 
     name: str
     num_layers: int
     shape: tuple[int, ...]
     dtype: torch.dtype
+
+    def __post_init__(self) -> None:
+        check_name(self.name, "ComponentSpec: name")
+        object.__setattr__(self, "num_layers", as_int(self.num_layers, "ComponentSpec: num_layers", 1))
+        object.__setattr__(self, "shape", as_shape(self.shape, "ComponentSpec: shape"))
+        object.__setattr__(self, "dtype", as_dtype(self.dtype, "ComponentSpec: dtype"))
 
     @property
     def bytes_per_layer(self) -> int:
@@ -70,7 +85,7 @@ class ComponentSpec:
 
 
 def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    return int(dtype.itemsize)
 
 
 def _aligned(n: int) -> int:
@@ -98,12 +113,20 @@ class HostPool:
         allocate: bool = True,
         allocator: Allocator | None = None,
     ) -> None:
-        if num_pages <= 0:
-            raise PoolError(f"{type(self).__name__}: num_pages must be positive, got {num_pages}")
-        if page_size <= 0:
-            raise PoolError(f"{type(self).__name__}: page_size must be positive, got {page_size}")
+        owner = type(self).__name__
+        num_pages = as_int(num_pages, f"{owner}: num_pages", 1)
+        page_size = as_int(page_size, f"{owner}: page_size", 1)
+        layout = as_layout(layout, f"{owner}: layout")
+        check_allocator(allocator, f"{owner}: allocator")
+        if isinstance(components, (str, bytes)) or not isinstance(components, Sequence):
+            raise ArgumentTypeError(
+                f"{owner}: components must be a sequence of ComponentSpec, got {type(components).__name__}"
+            )
         if not components:
             raise PoolError(f"{type(self).__name__}: a pool needs at least one component")
+        for c in components:
+            if not isinstance(c, ComponentSpec):
+                raise ArgumentTypeError(f"{owner}: components must be ComponentSpec, got {type(c).__name__}")
         names = [c.name for c in components]
         if len(set(names)) != len(names):
             raise PoolError(f"{type(self).__name__}: duplicate component names {names}")
@@ -111,9 +134,9 @@ class HostPool:
             if c.num_layers <= 0 or c.page_nbytes < 0 or any(d < 0 for d in c.shape):
                 raise PoolError(f"{type(self).__name__}: invalid component {c}")
         self.specs: tuple[ComponentSpec, ...] = tuple(components)
-        self.num_pages = int(num_pages)
-        self.page_size = int(page_size)
-        self.layout = Layout(layout)
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.layout = layout
         self._buffers: tuple[torch.Tensor, ...] | None = None
         if allocate:
             self.allocate(allocator or torch_allocator)
@@ -196,8 +219,10 @@ class HostPool:
         """Validate host page indices and return them as a list of ints."""
         tolist = getattr(indices, "tolist", None)
         try:
+            if tolist is None and isinstance(indices, _NOT_INDICES):
+                raise TypeError  # iterable, but not an ordered sequence of page indices
             out = _as_indices(tolist() if tolist is not None else indices)
-        except TypeError:
+        except (TypeError, ValueError):
             raise BatchShapeError(
                 f"host page indices must be integers (a sequence of int or an integer tensor), got {indices!r:.80}"
             ) from None
@@ -256,8 +281,19 @@ def _as_indices(values: Iterable[int]) -> list[int]:
     only copied. The copy is what gets checked and returned."""
     out = list(values)
     if operator.countOf(map(type, out), int) != len(out):
-        out = [operator.index(i) for i in out]
+        out = [_index(i) for i in out]
     return out
+
+
+def _index(value: object) -> int:
+    if isinstance(value, bool):  # a boolean mask is not a list of page indices
+        raise TypeError("bool")
+    return operator.index(value)  # type: ignore[arg-type]
+
+
+# Iterables that are not an ordered sequence of page indices: a string or bytes (its characters /
+# byte values), a set (no order), a mapping (its keys).
+_NOT_INDICES = (str, bytes, bytearray, memoryview, set, frozenset, dict)
 
 
 def _runs(idx: list[int]) -> list[tuple[int, int]]:
@@ -274,7 +310,13 @@ def _runs(idx: list[int]) -> list[tuple[int, int]]:
 
 
 def _checked_alloc(allocator: Allocator, nbytes: int) -> torch.Tensor:
-    memory = allocator(nbytes)
+    check_allocator(allocator, "allocator")
+    try:
+        memory = allocator(nbytes)
+    except HiCacheError:
+        raise
+    except (RuntimeError, MemoryError, OverflowError, ValueError) as err:  # torch: cannot allocate
+        raise PoolError(f"cannot allocate {nbytes} bytes of host pool memory: {err}") from err
     check_region(memory, nbytes)
     return memory
 
@@ -306,8 +348,14 @@ class MHAKVPool(HostPool):
         allocate: bool = True,
         allocator: Allocator | None = None,
     ) -> None:
-        shape = (page_size, num_heads, head_dim)
-        self.dtype = dtype
+        what = type(self).__name__
+        shape = (
+            as_int(page_size, f"{what}: page_size", 1),
+            as_int(num_heads, f"{what}: num_heads", 1),
+            as_int(head_dim, f"{what}: head_dim", 1),
+        )
+        num_layers = as_int(num_layers, f"{what}: num_layers", 1)
+        self.dtype = dtype = as_dtype(dtype, f"{what}: dtype")
         super().__init__(
             [ComponentSpec("k", num_layers, shape, dtype), ComponentSpec("v", num_layers, shape, dtype)],
             num_pages,
@@ -335,9 +383,12 @@ class MLAKVPool(HostPool):
         allocate: bool = True,
         allocator: Allocator | None = None,
     ) -> None:
-        self.dtype = dtype
+        what = type(self).__name__
+        shape = (as_int(page_size, f"{what}: page_size", 1), as_int(kv_dim, f"{what}: kv_dim", 1))
+        num_layers = as_int(num_layers, f"{what}: num_layers", 1)
+        self.dtype = dtype = as_dtype(dtype, f"{what}: dtype")
         super().__init__(
-            [ComponentSpec("kv", num_layers, (page_size, kv_dim), dtype)],
+            [ComponentSpec("kv", num_layers, shape, dtype)],
             num_pages,
             layout=layout,
             page_size=page_size,
@@ -368,12 +419,20 @@ class MambaPool(HostPool):
         allocate: bool = True,
         allocator: Allocator | None = None,
     ) -> None:
+        what = type(self).__name__
+        num_layers = as_int(num_layers, f"{what}: num_layers", 1)
+        temporal_shape = as_shape(temporal_shape, f"{what}: temporal_shape")
+        if isinstance(conv_shapes, (str, bytes)) or not isinstance(conv_shapes, Sequence):
+            raise ArgumentTypeError(
+                f"{what}: conv_shapes must be a sequence of shapes, got {type(conv_shapes).__name__}"
+            )
+        convs = [as_shape(c, f"{what}: conv_shapes[{i}]") for i, c in enumerate(conv_shapes)]
+        temporal_dtype = as_dtype(temporal_dtype, f"{what}: temporal_dtype")
+        conv_dtype = as_dtype(conv_dtype, f"{what}: conv_dtype")
         specs = []
         if math.prod(temporal_shape) > 0:
-            specs.append(ComponentSpec("temporal", num_layers, tuple(temporal_shape), temporal_dtype))
-        specs += [
-            ComponentSpec(f"conv_{i}", num_layers, tuple(s), conv_dtype) for i, s in enumerate(conv_shapes)
-        ]
+            specs.append(ComponentSpec("temporal", num_layers, temporal_shape, temporal_dtype))
+        specs += [ComponentSpec(f"conv_{i}", num_layers, c, conv_dtype) for i, c in enumerate(convs)]
         super().__init__(specs, num_slots, layout=layout, allocate=allocate, allocator=allocator)
 
     @classmethod
@@ -403,8 +462,13 @@ class MambaPool(HostPool):
         ``extra_buffer`` is the scheduler's strategy *before* the decode normalisation. Elsewhere
         ``num_slots`` is required and used as is.
         """
+        from ..config import StorageConfig
         from .sizing import decode_mamba_pool_size
 
+        if not isinstance(config, StorageConfig):
+            raise ArgumentTypeError(
+                f"MambaPool.for_node: config must be a StorageConfig, got {type(config).__name__}"
+            )
         if config.disaggregation_mode == "decode":
             num_slots = decode_mamba_pool_size(
                 max_running_requests,
@@ -448,8 +512,12 @@ class IndexerPool(HostPool):
         allocate: bool = True,
         allocator: Allocator | None = None,
     ) -> None:
+        what = type(self).__name__
+        shape = (as_int(page_size, f"{what}: page_size", 1), as_int(index_dim, f"{what}: index_dim", 1))
+        num_layers = as_int(num_layers, f"{what}: num_layers", 1)
+        dtype = as_dtype(dtype, f"{what}: dtype")
         super().__init__(
-            [ComponentSpec("indexer", num_layers, (page_size, index_dim), dtype)],
+            [ComponentSpec("indexer", num_layers, shape, dtype)],
             num_pages,
             layout=layout,
             page_size=page_size,

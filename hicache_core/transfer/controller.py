@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ..config import PrefetchPolicy, StorageConfig
-from ..errors import BatchShapeError, ConfigError, HiCacheError, PoolError
+from ..errors import ArgumentTypeError, BatchShapeError, ConfigError, HiCacheError, PoolError
 from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
 from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
@@ -46,6 +46,12 @@ class CacheController:
     def __init__(
         self, config: StorageConfig, pools: HostPoolGroup | HostPool, *, store: Store | None = None
     ) -> None:
+        if not isinstance(config, StorageConfig):
+            raise ArgumentTypeError(
+                f"config must be a hicache_core.StorageConfig, got {type(config).__name__}"
+            )
+        if store is not None and not isinstance(store, Store):
+            raise ArgumentTypeError(f"store must be a hicache_core.Store or None, got {type(store).__name__}")
         self.config = config
         self.settings = config.controller
         self.pools = pools if isinstance(pools, HostPoolGroup) else HostPoolGroup(pools)
@@ -399,8 +405,10 @@ class CacheController:
 
 
 def _request(page_hashes: Sequence[str]) -> Request:
-    if isinstance(page_hashes, (str, bytes)):
-        raise BatchShapeError("page_hashes must be a sequence of hash strings, not a single string")
+    if isinstance(page_hashes, (str, bytes, set, frozenset, Mapping)):  # a set has no page order
+        raise BatchShapeError(
+            f"page_hashes must be an ordered sequence of hash strings, not a {type(page_hashes).__name__}"
+        )
     try:
         return Request(page_hashes)
     except TypeError:

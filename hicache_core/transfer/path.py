@@ -175,7 +175,9 @@ class TransferPath:
         if n == 0:
             return []
         keys = [k for page in self.keys(req, plan) for k in page]
-        views = None if op is IoOp.EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
+        views = (
+            None if op is IoOp.EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
+        )
         buffers = views
         if self.staged and views is not None:
             buffers = _staging(views)

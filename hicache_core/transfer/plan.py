@@ -13,7 +13,7 @@ from itertools import compress
 from operator import not_, or_
 from typing import Any
 
-from ..errors import BatchShapeError, PoolError
+from ..errors import ArgumentTypeError, BatchShapeError, PoolError
 from ..pools import HostPool, HostPoolGroup
 from ..types import HitPolicy, PoolName
 
@@ -82,6 +82,11 @@ def plan_request(
     draft_enabled: bool,
 ) -> tuple[list[Plan], Plan | None]:
     """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
+    if extra is not None and not isinstance(extra, Mapping):
+        raise ArgumentTypeError(
+            "extra must be a mapping of pool name -> host indices (e.g. {'mamba': [3]}) or None, "
+            f"got {type(extra).__name__}"
+        )
     anchor = pools.anchor
     kv_idx = anchor.check_indices(host_indices)
     check_count(kv_idx, n)
@@ -169,9 +174,7 @@ def leading_run(flags: Sequence[bool]) -> int:
     return list(map(bool, flags)).index(False)
 
 
-def usable(
-    plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int, *, anchored: bool = False
-) -> int:
+def usable(plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int, *, anchored: bool = False) -> int:
     """Leading pages done in every pool under its hit policy.
 
     A trailing pool must have all its pages done, else nothing is resumable. ``anchored`` (a

@@ -11,9 +11,19 @@ dynamic loader and the backend. hicache reads only these keys from it:
     hicache extensions to enable (``"metrics"`` is added when SGLang enables storage metrics).
 ``hicache_kv_dtype`` (optional, a string)
     The KV dtype that namespaces the keys; by default the KV host pool's ``dtype``.
+``hicache_model_revision`` (optional, a string)
+    The model's weights revision or fingerprint (e.g. the ``--revision`` SGLang was started with,
+    or a commit hash of the checkpoint); when set it separates the key namespace, so two
+    checkpoints served under one model name never share pages. SGLang 0.5.23 does not hand its
+    ``--revision`` to storage backends (``HiCacheStorageConfig`` has no such field), so the
+    adapter reads it from here; a ``revision`` / ``model_revision`` attribute of SGLang's storage
+    config is used when a later SGLang version provides one.
 
-Any other ``hicache_*`` key is refused (it is almost always a typo), except SGLang's own
-``hicache_storage_pass_prefix_keys``. Keys without the prefix belong to SGLang and are ignored.
+Every value is checked when the adapter is built: a wrong type (``"hicache_options": []``, ``""``,
+``0`` or ``false``, a non-string key) raises :class:`hicache_core.ConfigError` naming the key;
+``null`` means "not given". Any other ``hicache_*`` key is refused (it is almost always a typo),
+except SGLang's own ``hicache_storage_pass_prefix_keys``. Keys without the prefix belong to
+SGLang and are ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hicache_core import ConfigError, Layout, StorageConfig
+from hicache_core.config import MAX_MODEL_REVISION_LEN
 
 __all__ = [
     "ADAPTER_KEYS",
@@ -33,7 +44,13 @@ __all__ = [
     "storage_config",
 ]
 
-ADAPTER_KEYS = ("hicache_backend", "hicache_options", "hicache_extensions", "hicache_kv_dtype")
+ADAPTER_KEYS = (
+    "hicache_backend",
+    "hicache_options",
+    "hicache_extensions",
+    "hicache_kv_dtype",
+    "hicache_model_revision",
+)
 # hicache_* keys that belong to SGLang itself and reach the backend untouched.
 SGLANG_HICACHE_KEYS = frozenset({"hicache_storage_pass_prefix_keys"})
 # SGLang host layouts whose pages are one contiguous run per component (hicache "page_first").
@@ -48,11 +65,24 @@ class AdapterSettings:
     options: dict[str, Any] = field(default_factory=dict)
     extensions: tuple[str, ...] = ()
     kv_dtype: str | None = None
+    model_revision: str | None = None
 
 
 def parse_extra_config(extra_config: Mapping[str, Any] | None) -> AdapterSettings:
     """Read the ``hicache_*`` keys of SGLang's extra config (see the module docstring)."""
-    extra = dict(extra_config or {})
+    if extra_config is None:
+        extra_config = {}
+    if not isinstance(extra_config, Mapping):
+        raise ConfigError(
+            f"hicache-sglang: the extra config must be a JSON object, got {type(extra_config).__name__}"
+        )
+    bad_keys = [k for k in extra_config if not isinstance(k, str)]
+    if bad_keys:
+        raise ConfigError(
+            f"hicache-sglang: extra-config keys must be strings, got the key {bad_keys[0]!r:.80} "
+            f"({type(bad_keys[0]).__name__})"
+        )
+    extra = dict(extra_config)
     unknown = sorted(
         k
         for k in extra
@@ -75,24 +105,44 @@ def parse_extra_config(extra_config: Mapping[str, Any] | None) -> AdapterSetting
             '"HiCacheAdapter", "hicache_backend": "file", "hicache_options": {"root": "/var/cache/hicache"}} '
             "(list the installed backends with `hicache backends`)"
         )
-    options = extra.get("hicache_options") or {}
-    if not isinstance(options, Mapping):
+    options = extra.get("hicache_options")
+    if options is None:
+        options = {}
+    elif not isinstance(options, Mapping):  # [], "", 0 and false too: never the default root
         raise ConfigError(
-            f"hicache-sglang: 'hicache_options' must be a JSON object, got {type(options).__name__}"
+            "hicache-sglang: 'hicache_options' must be a JSON object of the backend's options, e.g. "
+            f'{{"root": "/var/cache/hicache"}}, got {type(options).__name__} {options!r:.80}'
         )
-    raw_ext = extra.get("hicache_extensions") or ()
-    if isinstance(raw_ext, str):
+    bad = [k for k in options if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"hicache-sglang: 'hicache_options' keys must be strings, got {bad[0]!r:.80}")
+    raw_ext = extra.get("hicache_extensions")
+    if raw_ext is None:
+        extensions: tuple[str, ...] = ()
+    elif isinstance(raw_ext, str):
         extensions = tuple(e.strip() for e in raw_ext.split(",") if e.strip())
     elif isinstance(raw_ext, (list, tuple)) and all(isinstance(e, str) for e in raw_ext):
         extensions = tuple(raw_ext)
     else:
         raise ConfigError(
-            "hicache-sglang: 'hicache_extensions' must be a list of names or a comma-separated string"
+            "hicache-sglang: 'hicache_extensions' must be a list of names or a comma-separated string, "
+            f"got {type(raw_ext).__name__} {raw_ext!r:.80}"
         )
     kv_dtype = extra.get("hicache_kv_dtype")
     if kv_dtype is not None and (not isinstance(kv_dtype, str) or not kv_dtype):
-        raise ConfigError("hicache-sglang: 'hicache_kv_dtype' must be a non-empty string such as 'bfloat16'")
-    return AdapterSettings(backend.strip(), dict(options), extensions, kv_dtype)
+        raise ConfigError(
+            "hicache-sglang: 'hicache_kv_dtype' must be a non-empty string such as 'bfloat16', "
+            f"got {kv_dtype!r:.80}"
+        )
+    revision = extra.get("hicache_model_revision")
+    if revision is not None and (
+        not isinstance(revision, str) or not revision.strip() or len(revision) > MAX_MODEL_REVISION_LEN
+    ):
+        raise ConfigError(
+            "hicache-sglang: 'hicache_model_revision' must be a non-empty string of at most "
+            f"{MAX_MODEL_REVISION_LEN} characters (a weights revision or commit hash), got {revision!r:.80}"
+        )
+    return AdapterSettings(backend.strip(), dict(options), extensions, kv_dtype, revision)
 
 
 def dtype_name(dtype: Any) -> str:
@@ -110,6 +160,19 @@ def model_identity(sglang_config: Any, sglang_layout: str) -> str:
     """
     name = getattr(sglang_config, "model_name", None) or "default"
     return f"{name}@sglang:{sglang_layout}"
+
+
+def model_revision(sglang_config: Any, settings: AdapterSettings) -> str | None:
+    """The weights revision that separates the key namespace: ``hicache_model_revision`` from the
+    extra config, else what SGLang's storage config carries (no SGLang version up to 0.5.23 has
+    one: its ``HiCacheStorageConfig`` holds the model path but not ``--revision``), else None."""
+    if settings.model_revision is not None:
+        return settings.model_revision
+    for attr in ("model_revision", "revision"):
+        value = getattr(sglang_config, attr, None)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
 
 
 def storage_config(
@@ -135,6 +198,7 @@ def storage_config(
         "backend": settings.backend,
         "options": settings.options,
         "model_name": model_identity(sglang_config, sglang_layout),
+        "model_revision": model_revision(sglang_config, settings),
         "kv_dtype": kv_dtype,
         "tp_rank": sglang_config.tp_rank,
         "tp_size": sglang_config.tp_size,
