@@ -4,9 +4,16 @@ health gate), shared by every store of a process opened with the same connection
 Measured facts this module is built on (see the project's Mooncake reference):
 
 * ``setup()`` retries for ~90 s when the master is missing (``MC_STORE_CLIENT_SETUP_RETRIES``
-  attempts of ~4.4 s each) and holds the GIL, so it cannot be abandoned from a thread. The
-  bound is a TCP pre-flight probe of the master (or of the mooncake_client in standalone mode)
-  until ``setup_timeout_s``, then ``setup()`` with retries limited to one attempt.
+  attempts of ~4.4 s each), waits 30 s for an answer from a port that accepts but never answers,
+  and holds the GIL all along, so it cannot be abandoned from a thread and freezes every other
+  thread meanwhile. The bound is a pre-flight in plain Python sockets (GIL released) until
+  ``setup_timeout_s``: the master (standalone: the mooncake_client) must answer a Mooncake RPC
+  and an HTTP ``metadata_server`` must answer HTTP; only then ``setup()`` runs, with retries
+  limited to one attempt.
+* Mooncake 0.3.x binds each transfer engine's handshake RPC and TCP transport to every
+  interface, with no option to pin them. After each setup the connection names those ports in
+  one warning (:mod:`._listeners`): this process's in embedded mode, the mooncake_client's in
+  standalone mode.
 * While the master is down a call returns ``-900`` (RPC_FAIL), some immediately and later ones
   after ~4.4 s; a dead mooncake_client blocks the first dummy call ~8.6 s. The gate marks the
   connection down on such results (or when its monitor's TCP probe is refused) and then fails
@@ -38,7 +45,6 @@ import contextlib
 import ctypes
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -48,7 +54,9 @@ from typing import Any
 from hicache_core import BackendIOError, BackendTimeoutError, BackendUnavailableError
 
 from ._inflight import InflightPuts
+from ._listeners import Listener, find_listening_process, listeners, socket_inodes, warn_exposed
 from ._options import CHECKSUM_ENV, MooncakeOptions, checksum_enabled, resolve_device
+from ._probe import await_answer, http_probe, rpc_probe, split_address, tcp_probe
 
 __all__ = [
     "Connection",
@@ -64,6 +72,7 @@ log = logging.getLogger("hicache.mooncake")
 
 SETUP_RETRIES_ENV = "MC_STORE_CLIENT_SETUP_RETRIES"
 _ENV_LOCK = threading.Lock()
+_SETUP_LOCK = threading.Lock()
 
 INSTALL_HINT = (
     "install the Mooncake store with `pip install mooncake-transfer-engine-non-cuda` (CPU hosts) or "
@@ -79,21 +88,6 @@ def import_store() -> Any:
     except ImportError as err:
         raise BackendUnavailableError(f"cannot import mooncake.store ({err}); {INSTALL_HINT}") from err
     return store
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def tcp_probe(address: str, timeout: float) -> str | None:
-    """``None`` when ``host:port`` accepts a TCP connection within ``timeout``, else the reason."""
-    host, port = _split(address)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as err:
-        return err.strerror or type(err).__name__
 
 
 _process_checksum: bool | None = None  # fixed when this process creates its first embedded client
@@ -257,6 +251,9 @@ class Connection:
         )
         self.setup_size: int | None = None
         """Standalone: the ``mem_pool_size`` passed to ``setup_dummy`` (``None`` until it ran)."""
+        self.exposed: tuple[Listener, ...] = ()
+        """The Mooncake listeners bound to every interface that this connection's setup found
+        (embedded: this process's; standalone: the mooncake_client's)."""
         self._set_up = not self.standalone  # embedded stores are set up in _connect
         self._setup_lock = threading.Lock()
         self.store = self._connect(tp_rank, ranks)
@@ -283,21 +280,21 @@ class Connection:
         deadline = t0 + o.setup_timeout_s
         target = o.client_server_address if self.standalone else o.master_server_address
         assert target is not None
-        why = tcp_probe(target, min(o.probe_timeout_s, o.setup_timeout_s))
-        while why is not None:
-            if time.monotonic() + 0.1 >= deadline:
-                hint = (
-                    "start `mooncake_client --master_server_address=... --metadata_server=http://<master>/metadata` "
-                    "or fix client_server_address / MOONCAKE_CLIENT"
-                    if self.standalone
-                    else "start `mooncake_master` or fix master_server_address / MOONCAKE_MASTER"
-                )
-                raise BackendTimeoutError(
-                    f"mooncake: {self.where} is not reachable ({why}) within setup_timeout_s="
-                    f"{o.setup_timeout_s:g} s; {hint}"
-                )
-            time.sleep(0.1)
-            why = tcp_probe(target, max(0.05, min(o.probe_timeout_s, deadline - time.monotonic())))
+        if self.standalone:
+            fix = (
+                "start `mooncake_client --master_server_address=... --metadata_server=http://<master>/metadata` "
+                "or fix client_server_address / MOONCAKE_CLIENT (the mooncake_client's --port)"
+            )
+        else:
+            fix = "start `mooncake_master` or fix master_server_address / MOONCAKE_MASTER (the master's --rpc_port)"
+        await_answer(self.where, target, rpc_probe, deadline, o.setup_timeout_s, fix)
+        if not self.standalone and o.metadata_server.startswith(("http://", "https://")):
+            fix = (
+                "start the HTTP metadata server (`mooncake_http_metadata_server --host <ip> --port <port>`) "
+                "or fix metadata_server / MOONCAKE_TE_META_DATA_SERVER"
+            )
+            what = f"metadata_server {o.metadata_server}"
+            await_answer(what, o.metadata_server, http_probe, deadline, o.setup_timeout_s, fix)
         if o.check_server and not self.standalone:
             self._wait_health(deadline)
         if not self.standalone:
@@ -316,19 +313,23 @@ class Connection:
             kwargs.update(enable_ssd_offload=True, ssd_offload_path=o.ssd_offload_path or "")
         if o.tenant_id != "default":
             kwargs["tenant_id"] = o.tenant_id
-        with _limited_setup_retries():
-            rc = store.setup(
-                o.local_hostname,
-                o.metadata_server,
-                o.global_segment_size // max(1, ranks),
-                o.local_buffer_size,
-                o.protocol,
-                resolve_device(o.device_name, tp_rank),
-                o.master_server_address,
-                **kwargs,
-            )
-        self._check_rc(rc, "setup", t0)
+        with _SETUP_LOCK:  # one setup at a time, so the listeners it adds are its own
+            before = socket_inodes()
+            with _limited_setup_retries():
+                rc = store.setup(
+                    o.local_hostname,
+                    o.metadata_server,
+                    o.global_segment_size // max(1, ranks),
+                    o.local_buffer_size,
+                    o.protocol,
+                    resolve_device(o.device_name, tp_rank),
+                    o.master_server_address,
+                    **kwargs,
+                )
+            self._check_rc(rc, "setup", t0)
+            self.exposed = tuple(x for x in listeners() if x.wildcard and x.inode not in before)
         log.info("hicache mooncake: connected to %s in %.3f s", self.where, time.monotonic() - t0)
+        warn_exposed(self.exposed, f"this process's Mooncake client (connected to {self.where})")
         return store
 
     def _check_rc(self, rc: int, call: str, t0: float) -> None:
@@ -369,10 +370,13 @@ class Connection:
                 size, source = o.mem_pool_size, "mem_pool_size option (pools not allocated through the store)"
             else:
                 size, source = o.local_buffer_size, "local_buffer_size (mem_pool_size=0; pools not allocated through the store)"  # fmt: skip
-            why = tcp_probe(o.client_server_address, o.probe_timeout_s)
-            if why is not None:
-                raise BackendIOError(
-                    f"mooncake: {self.where} is not reachable ({why}); setup_dummy not attempted"
+            fail = rpc_probe(o.client_server_address, o.setup_timeout_s)
+            if fail is not None:
+                cls = BackendTimeoutError if fail.kind == "silent" else BackendIOError
+                raise cls(
+                    f"mooncake: {self.where} did not answer ({fail.why}; setup_timeout_s="
+                    f"{o.setup_timeout_s:g} s); setup_dummy not attempted. Check that the mooncake_client "
+                    "runs and that client_server_address / MOONCAKE_CLIENT names its --port"
                 )
             t0 = time.monotonic()
             with _limited_setup_retries():
@@ -380,6 +384,7 @@ class Connection:
             self._check_rc(rc, "setup_dummy", t0)
             self.setup_size = size
             self._set_up = True
+            self._warn_client_listeners()
             log.info(
                 "hicache mooncake: setup_dummy against %s with mem_pool_size=%d B (%s) in %.3f s",
                 self.where,
@@ -388,10 +393,27 @@ class Connection:
                 time.monotonic() - t0,
             )
 
+    def _warn_client_listeners(self) -> None:
+        """Standalone: name the mooncake_client's listeners that accept any interface (it holds
+        the data and the registered shared memory of this process)."""
+        address = self.options.client_server_address
+        assert address is not None
+        pid = find_listening_process(split_address(address)[1])
+        if pid is None:
+            log.warning(
+                "hicache mooncake: the mooncake_client at %s is not visible from this process, so its "
+                "listeners cannot be checked; Mooncake 0.3.x binds its transfer engine (handshake RPC "
+                "and TCP transport) to every interface (README of hicache-mooncake, 'Security')",
+                address,
+            )
+            return
+        self.exposed = tuple(x for x in listeners(pid) if x.wildcard)
+        warn_exposed(self.exposed, f"the mooncake_client at {address} (pid {pid})")
+
     def _wait_health(self, deadline: float) -> None:
         import urllib.request  # only standalone start-up needs it; its ssl import costs ~15 ms
 
-        host, _ = _split(self.options.master_server_address)
+        host, _ = split_address(self.options.master_server_address)
         url = f"http://{host}:{self.options.master_metrics_port}/health"
         last = ""
         while time.monotonic() < deadline:

@@ -43,6 +43,7 @@ from hicache_core import (
     PoolError,
     PoolName,
     PoolTransfer,
+    check_keys,
     hookimpl,
 )
 
@@ -195,6 +196,8 @@ class MooncakeBackend:
             op = IoOp(op)
         if not transfers:
             return []
+        for t in transfers:  # the hook may be called without the controller: keys are checked here
+            check_keys(_flat(t.keys))
         if len(transfers) == 1 and op is not IoOp.EXISTS:  # the controller's usual call
             p = self._pools.get(transfers[0].pool)
             if p is not None and p.direct and len(p.metas) == 1:
@@ -288,8 +291,10 @@ class MooncakeBackend:
         self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
     ) -> list[bool]:
         op = IoOp(op)
+        keys = tuple(keys)  # checked and used: the same immutable batch
+        check_keys(keys)
         if op is IoOp.EXISTS:
-            return self.link.exists(keys) if keys else []
+            return self.link.exists(list(keys)) if keys else []
         if buffers is None or len(buffers) != len(keys):
             raise BatchShapeError(
                 f"mooncake: {op.value} needs one buffer per key ({len(keys)} keys, "

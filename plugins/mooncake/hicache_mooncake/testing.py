@@ -1,11 +1,18 @@
 """Process fixtures for tests against the REAL Mooncake store.
 
-* :class:`MooncakeMaster` starts ``mooncake_master`` on 127.0.0.1 with free ports (RPC, HTTP
-  metadata, admin/metrics), a short lease TTL and a small client TTL, logs to a file, waits
-  until ``GET /health`` says ``"service_ready":true`` and stops the process by PID.
-  ``kill()`` and ``restart()`` (same ports) support outage tests.
-* :class:`MooncakeRealClient` starts the standalone ``mooncake_client`` (HTTP metadata from the
-  master, ``MC_TCP_BIND_ADDRESS=127.0.0.1``) that dummy clients (``setup_dummy``) attach to.
+* :class:`MooncakeMaster` starts ``mooncake_master`` on 127.0.0.1 with free ports (RPC,
+  admin/metrics), a short lease TTL and a small client TTL, plus Mooncake's HTTP metadata
+  server (:class:`MooncakeMetadataServer`) on 127.0.0.1; logs to files, waits until
+  ``GET /health`` says ``"service_ready":true`` and stops the processes by PID. ``kill()`` and
+  ``restart()`` (same ports) act on the master alone, for outage tests.
+* Every listener these processes can bind to one address is bound to 127.0.0.1. The master's
+  embedded HTTP metadata server cannot be (it ignores ``--http_metadata_server_host`` and binds
+  every interface in 0.3.x), so it stays off and the separate server runs instead. What remains
+  on every interface is the transfer engine of each Mooncake client (handshake RPC and TCP
+  transport), which 0.3.x cannot pin (see ``Security`` in the README).
+* :class:`MooncakeRealClient` starts the standalone ``mooncake_client`` (the master's HTTP
+  metadata, its service on ``--host=127.0.0.1``, ``MC_TCP_BIND_ADDRESS=127.0.0.1`` so that it
+  advertises loopback) that dummy clients (``setup_dummy``) attach to.
 * pytest fixtures: ``mooncake_master`` (session), ``mooncake_standalone`` (session: its own
   master plus a real client), ``mooncake_master_factory`` (function-scoped, for outage tests).
   Use them with ``pytest_plugins = ["hicache_mooncake.testing"]`` in a ``conftest.py``.
@@ -41,6 +48,7 @@ from typing import Any
 
 __all__ = [
     "MooncakeMaster",
+    "MooncakeMetadataServer",
     "MooncakeProcessError",
     "MooncakeRealClient",
     "MooncakeStandalone",
@@ -259,15 +267,73 @@ class _Proc:
     def close(self) -> None:
         _close_idle_connections(self.address)
         self.stop()
+        self._remove_logs()
+
+    def _remove_logs(self) -> None:
         if self._own_dir and os.environ.get("HICACHE_KEEP_SERVER_LOGS") != "1":
             shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
+class MooncakeMetadataServer(_Proc):
+    """Mooncake's HTTP metadata server (``mooncake.http_metadata_server``) on ``127.0.0.1``.
+
+    The master's embedded one (``--enable_http_metadata_server``) ignores
+    ``--http_metadata_server_host`` and listens on every interface, so clusters that need HTTP
+    metadata run this one, which binds the host it is given.
+    """
+
+    name = "mooncake_http_metadata_server"
+
+    def __init__(
+        self,
+        port: int | None = None,
+        *,
+        ready_timeout: float = 20.0,
+        log_dir: str | os.PathLike[str] | None = None,
+        start: bool = True,
+    ) -> None:
+        super().__init__(log_dir)
+        self.port = port if port is not None else free_ports(1)[0]
+        self.ready_timeout = ready_timeout
+        if start:
+            self.start()
+
+    @property
+    def address(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The ``metadata_server`` value for clients."""
+        return f"http://{HOST}:{self.port}/metadata"
+
+    def _argv(self) -> list[str]:
+        return [sys.executable, "-m", "mooncake.http_metadata_server", "--host", HOST,
+                "--port", str(self.port), "--log-level", "WARNING"]  # fmt: skip
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}?key=hicache-ready", timeout=0.5):
+                return True
+        except urllib.error.HTTPError:
+            return True  # 404 for the absent key: the server answers
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def start(self) -> MooncakeMetadataServer:
+        self._spawn(self.ready_timeout)
+        return self
+
+
 class MooncakeMaster(_Proc):
-    """A ``mooncake_master`` on loopback with free ports; a context manager.
+    """A ``mooncake_master`` on loopback with free ports, and its HTTP metadata server; a
+    context manager.
 
     ``lease_ttl_ms`` is the object lease (``remove`` fails while it holds; 500 ms for tests),
-    ``client_ttl_s`` how long a dead client's segment still receives placements.
+    ``client_ttl_s`` how long a dead client's segment still receives placements. The metadata
+    server (:attr:`metadata`) starts first and keeps running across :meth:`kill` and
+    :meth:`restart` of the master, as a separately deployed one does; the master deletes the
+    metadata of clients whose heartbeat timed out (``--enable_metadata_cleanup_on_timeout``).
     """
 
     name = "mooncake_master"
@@ -285,6 +351,7 @@ class MooncakeMaster(_Proc):
         super().__init__(log_dir)
         self.binary = find_mooncake_binary("mooncake_master")
         self.rpc_port, self.http_port, self.admin_port = free_ports(3)
+        self.metadata = MooncakeMetadataServer(self.http_port, log_dir=self.log_dir, start=False)
         self.lease_ttl_ms = lease_ttl_ms
         self.client_ttl_s = client_ttl_s
         self.ready_timeout = ready_timeout
@@ -299,8 +366,8 @@ class MooncakeMaster(_Proc):
 
     @property
     def metadata_server(self) -> str:
-        """URL of the embedded HTTP metadata server."""
-        return f"http://{HOST}:{self.http_port}/metadata"
+        """URL of the cluster's HTTP metadata server (``metadata_server`` for clients)."""
+        return self.metadata.url
 
     @property
     def admin_url(self) -> str:
@@ -311,9 +378,7 @@ class MooncakeMaster(_Proc):
             self.binary,
             f"--rpc_address={HOST}",
             f"--rpc_port={self.rpc_port}",
-            "--enable_http_metadata_server=true",
-            f"--http_metadata_server_host={HOST}",
-            f"--http_metadata_server_port={self.http_port}",
+            "--enable_metadata_cleanup_on_timeout=true",
             f"--metrics_host={HOST}",
             f"--metrics_port={self.admin_port}",
             f"--default_kv_lease_ttl={self.lease_ttl_ms}",
@@ -321,6 +386,11 @@ class MooncakeMaster(_Proc):
             "--logtostderr=1",
             *self.extra_args,
         ]
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["MOONCAKE_TE_META_DATA_SERVER"] = self.metadata_server  # where the cleanup deletes
+        return env
 
     def health(self, timeout: float = 0.5) -> dict[str, Any] | None:
         """The parsed ``/health`` document, or ``None`` when the admin server does not answer."""
@@ -344,11 +414,22 @@ class MooncakeMaster(_Proc):
             return ""
 
     def start(self) -> MooncakeMaster:
+        if not self.metadata.running:
+            self.metadata.start()
         self._spawn(self.ready_timeout)
         return self
 
+    def close(self) -> None:
+        """Stop the master, then its metadata server; remove the logs unless kept."""
+        try:
+            _close_idle_connections(self.address)
+            self.stop()
+        finally:
+            self.metadata.stop()
+        self._remove_logs()
+
     def restart(self) -> MooncakeMaster:
-        """Start again on the SAME ports (after :meth:`kill` or :meth:`stop`)."""
+        """Start the master again on the SAME ports (after :meth:`kill` or :meth:`stop`)."""
         if self.running:
             self.stop()
         return self.start()
@@ -368,8 +449,10 @@ class MooncakeMaster(_Proc):
 class MooncakeRealClient(_Proc):
     """The standalone ``mooncake_client`` that dummy clients (``setup_dummy``) attach to.
 
-    It uses the master's HTTP metadata server and binds its transfer engine to loopback.
-    ``address`` is what ``setup_dummy`` (and the plugin's ``client_server_address``) needs.
+    It uses the master's HTTP metadata server, serves dummy clients on ``127.0.0.1`` and
+    advertises ``127.0.0.1`` for its transfer engine (whose two listeners Mooncake 0.3.x binds
+    to every interface regardless). ``address`` is what ``setup_dummy`` (and the plugin's
+    ``client_server_address``) needs.
     """
 
     name = "mooncake_client"
