@@ -1,10 +1,15 @@
-"""Build hook for the optional ``hicache_core._pagehash`` C extension.
+"""Build hook for the optional ``hicache_core.native._pagehash`` C extension.
 
 All project metadata lives in ``pyproject.toml``; this file only declares the extension.
-The extension is optional: if it cannot be compiled (no C compiler, no Python headers),
-installation still succeeds with a warning and ``hicache_core._hashing`` falls back to its
-pure-Python implementation. Set ``HICACHE_REQUIRE_NATIVE=1`` to turn a failed build into an
-error instead (useful in CI and wheel builds).
+The extension links OpenSSL's libcrypto for SHA-256. It is optional: if it cannot be compiled
+(no C compiler, no Python headers, no OpenSSL headers), installation still succeeds with a
+warning and ``hicache_core.paging.hashes`` falls back to its pure-Python implementation. Set
+``HICACHE_REQUIRE_NATIVE=1`` to turn a failed build into an error instead (useful in CI and
+wheel builds).
+
+On Python >= 3.11 the extension is compiled against the limited C API (``Py_LIMITED_API``),
+so the compiler rejects any use of CPython object internals; the module is still built (and
+named) for the running interpreter only.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ def _require_native() -> bool:
 def _warn(what: str, exc: BaseException) -> None:
     msg = (
         f"hicache: {what} failed ({type(exc).__name__}: {exc}); using the pure-Python page "
-        "hashing fallback (slower). Install a C compiler and the Python headers, then reinstall, "
-        "to get the native one."
+        "hashing fallback (slower). Install a C compiler, the Python headers and the OpenSSL "
+        "headers (Debian: apt-get install libssl-dev), then reinstall, to get the native one."
     )
     warnings.warn(msg, RuntimeWarning, stacklevel=1)
     print(f"WARNING: {msg}", file=sys.stderr)
@@ -56,9 +61,19 @@ class OptionalBuildExt(build_ext):
             _warn(f"building {ext.name}", exc)
 
 
+# The buffer protocol joined the limited API in 3.11; 3.10 builds the same source without it.
+_LIMITED_API = [("Py_LIMITED_API", "0x030B0000")] if sys.version_info >= (3, 11) else []
+
 setup(
     ext_modules=[
-        Extension("hicache_core.native._pagehash", ["hicache_core/native/_pagehash.c"]),
+        Extension(
+            "hicache_core.native._pagehash",
+            ["hicache_core/native/_pagehash.c"],
+            libraries=["crypto"],
+            define_macros=_LIMITED_API,
+            # Lets an in-place/editable build skip copying a module that failed to build.
+            optional=not _require_native(),
+        ),
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

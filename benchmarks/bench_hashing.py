@@ -8,6 +8,10 @@ Compares, over the same token ids (page size 64):
   a padding block (5 SHA-256 blocks per page instead of 4), so the ceiling is about 0.8.
 * ``page_hashes(list)`` against SGLang's per-token ``int.to_bytes`` loop (``get_hash_str``
   chained per page) on the same list: target >= 20x.
+* the native implementation (the C extension ``hicache_core.native._pagehash`` over OpenSSL)
+  against the pure-Python one (``hashlib`` per page, what ``HICACHE_PURE_PYTHON_HASH=1``
+  selects), both on the same ``array('I')``: ratio = native throughput / pure-Python
+  throughput, target >= 1.5 (what the C extension buys). The list-input ratio is reported too.
 
 Token ids are drawn (seeded) from ``[0, 152064)``, a typical vocabulary size. The candidates
 are timed round-robin over several rounds (so background load hits all of them alike); ratios
@@ -43,6 +47,7 @@ PAGE_SIZE = 64
 VOCAB = 152_064
 HASHLIB_TARGET = 0.6
 LOOP_TARGET = 20.0
+NATIVE_TARGET = 1.5
 
 
 def per_token_loop(tokens: Sequence[int], page_size: int, prior_hash: str | None = None) -> list[str]:
@@ -93,8 +98,10 @@ def _summary(times: tuple[list[float], list[float]]) -> dict[str, float]:
 def run(quick: bool = False) -> dict[str, Any]:
     """Run the benchmark.
 
-    Returns ``{"page_hashes_vs_hashlib": {...}, "page_hashes_vs_per_token_loop": {...}}``, each
-    with ``ratio``, ``target``, ``meets_target`` and the timings behind them.
+    Returns ``{"page_hashes_vs_hashlib": {...}, "page_hashes_vs_per_token_loop": {...},
+    "page_hashes_native_vs_python": {...}}``, each with ``ratio``, ``target``, ``meets_target``
+    and the timings behind them. Without the C extension the last one compares the pure-Python
+    implementation with itself (``backend`` says ``"python"``).
 
     ``quick`` uses 64K tokens and fewer repeats (a few seconds); otherwise 1M tokens.
     """
@@ -109,20 +116,21 @@ def run(quick: bool = False) -> dict[str, Any]:
     assert page_hashes(arr, PAGE_SIZE) == expected, "page_hashes(array) disagrees with the reference"
     assert page_hashes(tokens, PAGE_SIZE) == expected, "page_hashes(list) disagrees with the reference"
     assert _hashing._page_hashes(arr, PAGE_SIZE, None, None) == expected, "pure-Python path disagrees"
+    assert _hashing._page_hashes(tokens, PAGE_SIZE, None, None) == expected, "pure-Python path disagrees"
 
-    python_rounds = max(3, repeats // 3)
     t = _interleaved(
         {
             "oneshot": (lambda: hashlib.sha256(blob).digest(), repeats),
             "array": (lambda: page_hashes(arr, PAGE_SIZE), repeats),
             "list": (lambda: page_hashes(tokens, PAGE_SIZE), repeats),
-            "python": (lambda: _hashing._page_hashes(arr, PAGE_SIZE, None, None), python_rounds),
+            "python": (lambda: _hashing._page_hashes(arr, PAGE_SIZE, None, None), repeats),
+            "python_list": (lambda: _hashing._page_hashes(tokens, PAGE_SIZE, None, None), repeats),
             "loop": (lambda: per_token_loop(tokens, PAGE_SIZE), loop_repeats),
         },
         repeats,
     )
-    s_oneshot, s_array, s_list, s_python, s_loop = (
-        _summary(t[k]) for k in ("oneshot", "array", "list", "python", "loop")
+    s_oneshot, s_array, s_list, s_python, s_python_list, s_loop = (
+        _summary(t[k]) for k in ("oneshot", "array", "list", "python", "python_list", "loop")
     )
 
     def ratio_of(slow: dict[str, float], fast: dict[str, float], key: str = "best_s") -> float:
@@ -139,6 +147,7 @@ def run(quick: bool = False) -> dict[str, Any]:
     }
     ratio = ratio_of(s_oneshot, s_array)
     loop_ratio = ratio_of(s_loop, s_list)
+    native_ratio = ratio_of(s_python, s_array)
     return {
         "page_hashes_vs_hashlib": {
             "ratio": ratio,
@@ -170,18 +179,34 @@ def run(quick: bool = False) -> dict[str, Any]:
             "page_hashes_list": s_list,
             **common,
         },
+        "page_hashes_native_vs_python": {
+            "ratio": native_ratio,
+            "target": NATIVE_TARGET,
+            "meets_target": native_ratio >= NATIVE_TARGET,
+            "input": "array('I')",
+            "ratio_median": ratio_of(s_python, s_array, "median_s"),
+            "ratio_cpu_time": ratio_of(s_python, s_array, "best_cpu_s"),
+            "ratio_list_input": ratio_of(s_python_list, s_list),
+            "native_array": s_array,
+            "pure_python_array": s_python,
+            "native_list": s_list,
+            "pure_python_list": s_python_list,
+            **common,
+        },
     }
 
 
 def _table(result: dict[str, Any]) -> str:
     vs_hashlib = result["page_hashes_vs_hashlib"]
     vs_loop = result["page_hashes_vs_per_token_loop"]
+    vs_python = result["page_hashes_native_vs_python"]
     nbytes = vs_hashlib["bytes"]
     rows = [
         ("hashlib.sha256 one-shot", vs_hashlib["hashlib_one_shot"]),
         (f"page_hashes(array('I')) [{vs_hashlib['backend']}]", vs_hashlib["page_hashes_array"]),
         (f"page_hashes(list) [{vs_hashlib['backend']}]", vs_hashlib["page_hashes_list"]),
         ("page_hashes(array('I')) [python fallback]", vs_hashlib["pure_python_array"]),
+        ("page_hashes(list) [python fallback]", vs_python["pure_python_list"]),
         ("per-token int.to_bytes loop (SGLang)", vs_loop["per_token_loop"]),
     ]
     lines = [
@@ -196,6 +221,7 @@ def _table(result: dict[str, Any]) -> str:
     for label, r, unit in (
         ("page_hashes(array) / hashlib one-shot", vs_hashlib, ""),
         ("page_hashes(list) vs per-token loop", vs_loop, "x"),
+        ("native vs pure-Python page_hashes(array)", vs_python, "x"),
     ):
         verdict = "OK" if r["meets_target"] else "BELOW TARGET"
         lines.append(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development environment in .venv/ at the repository root (idempotent).
-#   - system: libibverbs1 (needed by the Mooncake store), installed with apt-get when missing and
-#     we are root
+#   - system: libibverbs1 (needed by the Mooncake store) and libssl-dev (the OpenSSL headers the
+#     core's native page hashing builds against), installed with apt-get when missing and we are root
 #   - python: torch 2.13.0 (CPU wheel), the core with its dev extra and every plugin in plugins/, editable
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,10 +17,19 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1'; then
   fi
 fi
 
+if [ ! -f /usr/include/openssl/evp.h ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup: installing libssl-dev (OpenSSL headers for the native page hashing)"
+    (apt-get install -y -q libssl-dev >/dev/null 2>&1) || (apt-get update -q >/dev/null && apt-get install -y -q libssl-dev >/dev/null)
+  else
+    echo "setup: WARNING OpenSSL headers are missing; install them (apt-get install libssl-dev) to build the native page hashing" >&2
+  fi
+fi
+
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-# The C extensions (core page hashing, file-backend batch I/O) must build here: a silent
+# The core's C page hashing must build here: a silent
 # fallback to pure Python would hide a broken toolchain behind slower numbers.
 export HICACHE_REQUIRE_NATIVE=${HICACHE_REQUIRE_NATIVE:-1}
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)

@@ -1,453 +1,453 @@
 /*
- * hicache_core._pagehash: chained per-page SHA-256 of token ids (see hicache_core/_hashing.py).
+ * hicache_core.native._pagehash: chained per-page SHA-256 of token ids, the native twin of
+ * hicache_core/paging/hashes.py (which validates arguments and maps errors to hicache errors).
  *
  * page_hashes(tokens, page_size, prior=None, check_sign=False) -> list[str]
- *   tokens: a list/tuple of ints, or a C-contiguous buffer of 4-byte little-endian words
- *   prior: None or the 32 raw bytes of the hash preceding the first page
- *   check_sign: the buffer holds int32 words; reject those with the sign bit set
- * Page i's digest is sha256(digest[i-1] || le32(t) for t in page i), digest[-1] = prior (absent if
- * None), exactly SGLang's get_hash_str chained per page; a trailing partial page is ignored.
- * Bad ids raise OverflowError / TypeError (mapped to BatchShapeError by the Python wrapper).
- * Buffers of >= 64 KiB are hashed without the GIL; lists are converted page by page with the GIL
- * held (reading them needs it) and each page hashed at once, overlapping conversion and hashing.
- * SHA-256 uses the x86 SHA extensions when cpuid reports them, else portable C; no OpenSSL needed.
+ *   tokens:     an exact list or tuple of ints, or a C-contiguous 1-D buffer of 32-bit integers
+ *               (format I/i/L/l with itemsize 4, or B) whose bytes are little-endian words
+ *   page_size:  tokens per page, > 0
+ *   prior:      None or the 32 raw bytes of the digest preceding the first page
+ *   check_sign: the buffer holds int32 words: reject those with the sign bit set (always done
+ *               for the signed formats i and l)
+ * Page i's digest is sha256(digest[i-1] || le32(t) for t in page i), digest[-1] = prior (absent
+ * if None): SGLang's get_hash_str chained per page. A trailing partial page is validated but not
+ * hashed. Bad ids raise TypeError / OverflowError, a list that changes size while it is read
+ * raises IndexError (hashes.py maps all three to BatchShapeError).
+ *
+ * Safety rules this file keeps:
+ * - Only the public C API: setup.py compiles it with Py_LIMITED_API on Python >= 3.11, so any
+ *   use of object internals (PyList_GET_ITEM, ob_item, ...) fails to build there.
+ * - Every list/tuple index is bounds-checked by the call that reads it (PyList_GetItem /
+ *   PyTuple_GetItem) and token values are copied into memory owned by the call before they
+ *   are hashed, so Python code run by an item's __index__ (which may mutate the list) can only
+ *   cause an error, never an out-of-bounds read. The list's length is checked again at the end.
+ * - Buffers are read through a Py_buffer view held for the whole call, after checking ndim,
+ *   shape, itemsize, format and length. The GIL is released only while hashing that view or
+ *   the call's own copy of a list's words, and writing digests to memory the call owns.
+ * - The result list is created only once all its strs exist and is filled without allocating,
+ *   so no Python code (a gc callback, say) can ever see it with an empty slot.
+ * - SHA-256 is OpenSSL's (libcrypto's SHA256_Init/SHA256_Update/SHA256_Final, the same code,
+ *   and the same SHA-NI/AVX2 dispatch, hashlib uses through EVP); each call uses its own
+ *   SHA256_CTX, on its stack.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#if PY_VERSION_HEX < 0x030B0000
-#include <longintrepr.h>
-#endif
+
+/* SHA256_Init/_Update/_Final are deprecated in OpenSSL 3.0 (in favour of EVP) but still built and
+ * maintained; OpenSSL's default provider implements EVP's SHA-256 with them. Per page, EVP added
+ * a context copy, provider dispatch and a context cleanse: hashing 64-token pages took about 7%
+ * longer. Unlike EVP they ignore OpenSSL's provider configuration (a FIPS provider, say), which
+ * is fine for hashing token ids. These two macros keep them declared and silence the
+ * deprecation warnings. */
+#define OPENSSL_API_COMPAT 0x10100000L
+#define OPENSSL_SUPPRESS_DEPRECATED
+#include <openssl/crypto.h>
+#include <openssl/sha.h>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define HC_HAVE_SHANI 1
-#include <cpuid.h>
-#include <immintrin.h>
+#if defined(OPENSSL_NO_DEPRECATED_3_0)
+#error "libcrypto was built without its deprecated APIs (SHA256_Init); hicache falls back to pure Python"
 #endif
 
-static const uint32_t K256[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
-};
+#define DIGEST_BYTES 32
+#define HEX_CHARS 64
+#define UINT32_MAX_UL 0xFFFFFFFFUL
+/* Inputs of at least this many bytes are hashed without the GIL; smaller ones keep it, as
+ * re-acquiring it under contention can cost more than the hashing. */
+#define NOGIL_MIN_BYTES (64 * 1024)
+/* Pages up to this size are copied after the previous digest into one buffer and hashed with
+ * a single SHA256_Update (whole blocks straight from the buffer); larger pages take two updates
+ * (no copy). */
+#define SCRATCH_PAGE_BYTES 2048
 
-static const uint32_t IV256[8] = {
-    0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19,
-};
+static const char RANGE_HINT[] =
+    "token ids are uint32 vocabulary indices: drop padding/sentinel values (e.g. -1) before hashing";
 
-/* ---- hex ---------------------------------------------------------------------------------- */
+/* ---- the chain (no Python API: callable without the GIL) ------------------------------------ */
 
-/* Lowercase hex of one 32-byte digest into 64 bytes of a compact ASCII str. */
-static void hex32_portable(const uint8_t *d, Py_UCS1 *dst) {
-    static const char hexd[] = "0123456789abcdef";
-    for (int i = 0; i < 32; i++) {
-        dst[2 * i] = (Py_UCS1)hexd[d[i] >> 4];
-        dst[2 * i + 1] = (Py_UCS1)hexd[d[i] & 15];
-    }
-}
-
-#ifdef HC_HAVE_SHANI
-/* Lowercase hex of the 16 bytes in x into dst[0:32]. */
-__attribute__((target("ssse3"))) static inline void hex16_ssse3(__m128i x, Py_UCS1 *dst) {
-    const __m128i lut = _mm_setr_epi8('0', '1', '2', '3', '4', '5', '6', '7', '8', '9', 'a', 'b', 'c', 'd',
-                                      'e', 'f');
-    const __m128i low4 = _mm_set1_epi8(0x0f);
-    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(x, 4), low4));
-    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(x, low4));
-    _mm_storeu_si128((__m128i *)dst, _mm_unpacklo_epi8(hi, lo));
-    _mm_storeu_si128((__m128i *)(dst + 16), _mm_unpackhi_epi8(hi, lo));
-}
-#endif
-
-/* The character buffer of item p of a private list of 64-char ASCII strs (safe without the GIL). */
-#define HEX_DST(list, p) PyUnicode_1BYTE_DATA(PyList_GET_ITEM((list), (Py_ssize_t)(p)))
-
-/* A chain in progress: pages hashed so far end with digest last (if have_last). */
 typedef struct {
-    size_t page_bytes;
-    PyObject *list;   /* the result: one private 64-char str per page, written without the GIL */
-    uint8_t *scratch; /* page_bytes + 128 bytes, for the portable chain */
-    uint8_t last[32];
-    int have_last;
+    SHA256_CTX ctx;      /* re-initialised for every page (SHA256_Init only sets 8 words) */
+    size_t page_bytes;   /* page_size * 4 (0 when there is no full page) */
+    const uint8_t *prev; /* the digest the next page chains to: NULL (none), prior or last */
+    uint8_t prior[DIGEST_BYTES];
+    uint8_t scratch[DIGEST_BYTES + SCRATCH_PAGE_BYTES];
 } chain_t;
 
-/* ---- portable SHA-256 -------------------------------------------------------------------- */
-
-#define ROR32(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
-
-static inline uint32_t load_be32(const uint8_t *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
-}
-
-static void compress_portable(uint32_t state[8], const uint8_t *data, size_t nblocks) {
-    uint32_t w[64];
-    while (nblocks--) {
-        uint32_t a = state[0], b = state[1], c = state[2], d = state[3];
-        uint32_t e = state[4], f = state[5], g = state[6], h = state[7];
-        for (int i = 0; i < 16; i++) w[i] = load_be32(data + 4 * i);
-        for (int i = 16; i < 64; i++) {
-            uint32_t s0 = ROR32(w[i - 15], 7) ^ ROR32(w[i - 15], 18) ^ (w[i - 15] >> 3);
-            uint32_t s1 = ROR32(w[i - 2], 17) ^ ROR32(w[i - 2], 19) ^ (w[i - 2] >> 10);
-            w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+/* digest = sha256(prev || page), page being page_bytes bytes; the chain then continues from
+ * digest, which must stay valid until the next call. Returns 0, or -1 if OpenSSL fails. */
+static int chain_page(chain_t *c, const uint8_t *page, uint8_t *digest) {
+    int ok = SHA256_Init(&c->ctx);
+    if (ok && c->page_bytes <= SCRATCH_PAGE_BYTES) {
+        size_t n = 0;
+        if (c->prev != NULL) {
+            memcpy(c->scratch, c->prev, DIGEST_BYTES);
+            n = DIGEST_BYTES;
         }
-        for (int i = 0; i < 64; i++) {
-            uint32_t t1 = h + (ROR32(e, 6) ^ ROR32(e, 11) ^ ROR32(e, 25)) + ((e & f) ^ (~e & g));
-            t1 += K256[i] + w[i];
-            uint32_t t2 = (ROR32(a, 2) ^ ROR32(a, 13) ^ ROR32(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-            h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-        }
-        state[0] += a; state[1] += b; state[2] += c; state[3] += d;
-        state[4] += e; state[5] += f; state[6] += g; state[7] += h;
-        data += 64;
+        memcpy(c->scratch + n, page, c->page_bytes);
+        ok = SHA256_Update(&c->ctx, c->scratch, n + c->page_bytes);
+    } else if (ok) {
+        ok = (c->prev == NULL || SHA256_Update(&c->ctx, c->prev, DIGEST_BYTES)) &&
+             SHA256_Update(&c->ctx, page, c->page_bytes);
     }
+    if (!ok || !SHA256_Final(digest, &c->ctx)) return -1;
+    c->prev = digest;
+    return 0;
 }
 
-/* ---- x86 SHA-NI ------------------------------------------------------------------------- */
-
-#ifdef HC_HAVE_SHANI
-#define HC_SHA_TARGET __attribute__((target("sha,sse4.1,ssse3")))
-#define HC_SHA_INLINE HC_SHA_TARGET static inline __attribute__((always_inline))
-
-/* Four rounds with schedule words W (group g of 16). */
-#define RND4(W, g)                                                                   \
-    do {                                                                             \
-        __m128i m_ = _mm_add_epi32((W), _mm_loadu_si128((const __m128i *)&K256[4 * (g)])); \
-        s1 = _mm_sha256rnds2_epu32(s1, s0, m_);                                      \
-        m_ = _mm_shuffle_epi32(m_, 0x0E);                                            \
-        s0 = _mm_sha256rnds2_epu32(s0, s1, m_);                                      \
-    } while (0)
-
-/* W0 <- next four schedule words from W0..W3 (the last 16 words, oldest first). */
-#define SCHED(W0, W1, W2, W3)                                                                 \
-    do {                                                                                      \
-        W0 = _mm_add_epi32(_mm_sha256msg1_epu32(W0, W1), _mm_alignr_epi8(W3, W2, 4));         \
-        W0 = _mm_sha256msg2_epu32(W0, W3);                                                    \
-    } while (0)
-
-/* One 64-byte block; w0..w3 are the message words (lane i = word i) and s0/s1 the state. */
-HC_SHA_INLINE void sha_block(__m128i *ps0, __m128i *ps1, __m128i w0, __m128i w1, __m128i w2, __m128i w3) {
-    __m128i s0 = *ps0, s1 = *ps1;
-    const __m128i abef = s0, cdgh = s1;
-    RND4(w0, 0); RND4(w1, 1); RND4(w2, 2); RND4(w3, 3);
-    for (int g = 4; g < 16; g += 4) {
-        SCHED(w0, w1, w2, w3); RND4(w0, g);
-        SCHED(w1, w2, w3, w0); RND4(w1, g + 1);
-        SCHED(w2, w3, w0, w1); RND4(w2, g + 2);
-        SCHED(w3, w0, w1, w2); RND4(w3, g + 3);
-    }
-    *ps0 = _mm_add_epi32(s0, abef);
-    *ps1 = _mm_add_epi32(s1, cdgh);
-}
-
-#define LOADW(p) _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(p)), bswap)
-
-/* The ABEF/CDGH register layout used by sha256rnds2 -> state words a..d, e..h (lane i = word i). */
-HC_SHA_INLINE void from_abef(__m128i s0, __m128i s1, __m128i *dcba, __m128i *hgfe) {
-    __m128i tmp = _mm_shuffle_epi32(s0, 0x1B);                      /* FEBA */
-    s1 = _mm_shuffle_epi32(s1, 0xB1);                               /* DCHG */
-    *dcba = _mm_blend_epi16(tmp, s1, 0xF0);                         /* DCBA */
-    *hgfe = _mm_alignr_epi8(s1, tmp, 8);                            /* HGFE */
-}
-
-/* Pages p0..p0+n_pages-1 with the state in registers; the previous digest feeds the next page's
- * first block as message words directly (no byte round trip).  Needs page_bytes >= 32. */
-HC_SHA_TARGET static void chain_shani(chain_t *c, const uint8_t *data, size_t n_pages, size_t p0) {
-    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
-    const __m128i iv0 = _mm_set_epi32(0x6a09e667, (int)0xbb67ae85, 0x510e527f, (int)0x9b05688c); /* ABEF */
-    const __m128i iv1 = _mm_set_epi32(0x3c6ef372, (int)0xa54ff53a, 0x1f83d9ab, 0x5be0cd19);      /* CDGH */
-    const size_t page_bytes = c->page_bytes;
-    __m128i pw0 = LOADW(c->last), pw1 = LOADW(c->last + 16);
-    uint8_t tail[128];
-    int have_prev = c->have_last, tail_for = -1; /* the have_prev value tail[]'s padding is for */
-    size_t end = 64;
-    for (size_t p = 0; p < n_pages; p++) {
-        const uint8_t *src = data + p * page_bytes;
-        size_t rem = page_bytes - (have_prev ? 32 : 0);
-        __m128i s0 = iv0, s1 = iv1;
-        if (tail_for != have_prev) { /* padding: 0x80, zeros, 64-bit big-endian bit length */
-            const uint64_t bits = ((uint64_t)page_bytes + (have_prev ? 32u : 0u)) * 8u;
-            const size_t r = rem % 64;
-            end = r + 9 <= 64 ? 64 : 128;
-            memset(tail, 0, sizeof tail);
-            tail[r] = 0x80;
-            for (int i = 0; i < 8; i++) tail[end - 1 - i] = (uint8_t)(bits >> (8 * i));
-            tail_for = have_prev;
-        }
-        if (have_prev) {
-            sha_block(&s0, &s1, pw0, pw1, LOADW(src), LOADW(src + 16));
-            src += 32;
-        }
-        for (; rem >= 64; rem -= 64, src += 64)
-            sha_block(&s0, &s1, LOADW(src), LOADW(src + 16), LOADW(src + 32), LOADW(src + 48));
-        memcpy(tail, src, rem);
-        sha_block(&s0, &s1, LOADW(tail), LOADW(tail + 16), LOADW(tail + 32), LOADW(tail + 48));
-        if (end == 128)
-            sha_block(&s0, &s1, LOADW(tail + 64), LOADW(tail + 80), LOADW(tail + 96), LOADW(tail + 112));
-        from_abef(s0, s1, &pw0, &pw1);
-        /* The hex output overlaps with the next page's latency-bound rounds. */
-        hex16_ssse3(_mm_shuffle_epi8(pw0, bswap), HEX_DST(c->list, p0 + p));
-        hex16_ssse3(_mm_shuffle_epi8(pw1, bswap), HEX_DST(c->list, p0 + p) + 32);
-        have_prev = 1;
-    }
-    _mm_storeu_si128((__m128i *)c->last, _mm_shuffle_epi8(pw0, bswap));
-    _mm_storeu_si128((__m128i *)(c->last + 16), _mm_shuffle_epi8(pw1, bswap));
-    c->have_last = have_prev;
-}
-
-static int cpu_has_shani(void) {
-    unsigned int a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
-    if (!(c & (1u << 9)) || !(c & (1u << 19))) return 0; /* SSSE3, SSE4.1 */
-    if (__get_cpuid_max(0, NULL) < 7) return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (b & (1u << 29)) != 0; /* SHA */
-}
-#else
-static int cpu_has_shani(void) { return 0; }
-#endif
-
-static int g_use_shani = 0; /* chain_shani (for pages of >= 8 tokens) instead of chain_portable */
-
-/* Portable chain: scratch receives prev || page || padding for each page. */
-static void chain_portable(chain_t *c, const uint8_t *data, size_t n_pages, size_t p0) {
-    const size_t page_bytes = c->page_bytes;
-    uint8_t *scratch = c->scratch;
-    for (size_t p = 0; p < n_pages; p++) {
-        uint32_t st[8];
-        size_t len = c->have_last ? 32 : 0, padded;
-        memcpy(scratch, c->last, 32);
-        memcpy(scratch + len, data + p * page_bytes, page_bytes);
-        len += page_bytes;
-        padded = (len + 9 + 63) / 64 * 64; /* 0x80, zeros, 64-bit big-endian bit length */
-        memset(scratch + len, 0, padded - len);
-        scratch[len] = 0x80;
-        for (int i = 0; i < 8; i++) scratch[padded - 1 - i] = (uint8_t)(((uint64_t)len * 8u) >> (8 * i));
-        memcpy(st, IV256, sizeof st);
-        compress_portable(st, scratch, padded / 64);
-        for (int i = 0; i < 32; i++) c->last[i] = (uint8_t)(st[i / 4] >> (24 - 8 * (i % 4)));
-        hex32_portable(c->last, HEX_DST(c->list, p0 + p));
-        c->have_last = 1;
-    }
-}
-
-/* Hash pages p0..p0+n_pages-1 (their tokens at data) onto the chain.  No GIL needed. */
-static void chain_pages(chain_t *c, const uint8_t *data, size_t n_pages, size_t p0) {
-#ifdef HC_HAVE_SHANI
-    if (g_use_shani && c->page_bytes >= 32) {
-        chain_shani(c, data, n_pages, p0);
-        return;
-    }
-#endif
-    chain_portable(c, data, n_pages, p0);
-}
-
-/* Index of the first LE int32 word with the sign bit set, or -1. */
+/* Index of the first little-endian 32-bit word with its sign bit set, or -1. */
 static Py_ssize_t first_negative(const uint8_t *data, size_t n_words) {
     for (size_t i = 0; i < n_words; i++)
         if (data[4 * i + 3] & 0x80) return (Py_ssize_t)i;
     return -1;
 }
 
-/* Exact ints that fit in one machine word: read the value without a call (CPython internals). */
-static inline int small_int_value(PyObject *item, long *out) {
-#if PY_VERSION_HEX >= 0x030C0000
-    if (PyLong_CheckExact(item) && PyUnstable_Long_IsCompact((PyLongObject *)item)) {
-        *out = (long)PyUnstable_Long_CompactValue((PyLongObject *)item);
-        return 1;
-    }
+static uint32_t load_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static void store_le32(uint8_t *p, uint32_t v) {
+#if PY_LITTLE_ENDIAN
+    memcpy(p, &v, 4); /* one store; compilers do not always merge the byte stores below */
 #else
-    if (PyLong_CheckExact(item) && (Py_SIZE(item) == 0 || Py_SIZE(item) == 1)) {
-        *out = Py_SIZE(item) ? (long)((PyLongObject *)item)->ob_digit[0] : 0;
-        return 1;
-    }
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
 #endif
-    return 0;
 }
 
-static int token_error(Py_ssize_t i, PyObject *item) {
-    int not_int = PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_OverflowError);
-    PyErr_Clear();
-    if (not_int)
-        return PyErr_Format(PyExc_TypeError,
-                            "token_ids[%zd] is a %.100s, not an int; token ids must be a flat (1-D) sequence "
-                            "of ints", i, Py_TYPE(item)->tp_name), -1;
-    PyErr_Format(PyExc_OverflowError,
-                 "token_ids[%zd] = %R is outside [0, 2**32); token ids are uint32 vocabulary indices: drop "
-                 "padding/sentinel values (e.g. -1) before hashing",
-                 i, item);
-    return -1;
-}
+/* ---- results and errors (GIL held) ------------------------------------------------------------ */
 
-/* Convert seq[start:end] (a list/tuple of n ints) to LE uint32 words at out, with the GIL held.
- * Items `ahead` positions on are prefetched: int objects are scattered over the heap. */
-static int sequence_to_le32(PyObject *seq, Py_ssize_t n, Py_ssize_t start, Py_ssize_t end, Py_ssize_t ahead,
-                            uint8_t *out) {
-    for (Py_ssize_t i = start; i < end; i++, out += 4) {
-        PyObject *item = PySequence_Fast_GET_ITEM(seq, i);
-        long small;
-        unsigned long v;
-#if defined(__GNUC__) || defined(__clang__)
-        if (i + ahead < n) __builtin_prefetch(PySequence_Fast_GET_ITEM(seq, i + ahead));
-#endif
-        if (small_int_value(item, &small)) {
-            if (small < 0 || (unsigned long)small > 0xFFFFFFFFUL) return token_error(i, item);
-            v = (unsigned long)small;
-        } else {
-            /* __index__ may run Python code that mutates the list: hold the item, recheck the size. */
-            PyObject *idx;
-            Py_INCREF(item);
-            idx = PyNumber_Index(item);
-            v = idx ? PyLong_AsUnsignedLong(idx) : (unsigned long)-1;
-            Py_XDECREF(idx);
-            if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > 0xFFFFFFFFUL) token_error(i, item);
-            Py_DECREF(item);
-            if (PyErr_Occurred()) return -1;
-            if (PySequence_Fast_GET_SIZE(seq) != n) {
-                PyErr_SetString(PyExc_RuntimeError, "token_ids changed size while being hashed");
-                return -1;
-            }
-        }
-        for (int k = 0; k < 4; k++) out[k] = (uint8_t)(v >> (8 * k));
+/* Lowercase hex of one digest. Branch-free nibble arithmetic, which compilers vectorise; a
+ * lookup table took three times as long. */
+static void hex_digest(const uint8_t *digest, char *hex) {
+    for (int i = 0; i < DIGEST_BYTES; i++) {
+        const uint8_t hi = digest[i] >> 4, lo = digest[i] & 15;
+        hex[2 * i] = (char)(hi + (hi > 9 ? 'a' - 10 : '0'));
+        hex[2 * i + 1] = (char)(lo + (lo > 9 ? 'a' - 10 : '0'));
     }
-    return 0;
 }
 
-#define HC_NOGIL_MIN_BYTES (64 * 1024) /* below this, keep the GIL: re-acquiring it can cost ms */
-
-/* A list of n uninitialised 64-char ASCII strs, filled in by the chain. */
-static PyObject *new_hex_list(size_t n_pages) {
-    PyObject *list = PyList_New((Py_ssize_t)n_pages);
-    for (size_t p = 0; list != NULL && p < n_pages; p++) {
-        PyObject *s = PyUnicode_New(64, 127);
-        if (s == NULL) Py_CLEAR(list);
-        else PyList_SET_ITEM(list, (Py_ssize_t)p, s);
+/* The result: a list of the lowercase hex strs of n digests (32 bytes each). All strs are
+ * made before the list exists, and filling it allocates nothing, so no Python code (a gc
+ * callback, say) can ever observe the list with empty slots. */
+static PyObject *hex_list(const uint8_t *digests, size_t n) {
+    PyObject **strs, *list = NULL;
+    size_t made = 0;
+    if (n > (size_t)PY_SSIZE_T_MAX / sizeof(PyObject *)) return PyErr_NoMemory();
+    strs = PyMem_Malloc(n * sizeof(PyObject *) + 1);
+    if (strs == NULL) return PyErr_NoMemory();
+    for (; made < n; made++) {
+        char hex[HEX_CHARS];
+        hex_digest(digests + made * DIGEST_BYTES, hex);
+        strs[made] = PyUnicode_DecodeASCII(hex, HEX_CHARS, NULL);
+        if (strs[made] == NULL) break;
     }
+    if (made == n) list = PyList_New((Py_ssize_t)n);
+    if (list != NULL) {
+        for (size_t p = 0; p < n; p++) PyList_SetItem(list, (Py_ssize_t)p, strs[p]); /* steals */
+    } else {
+        for (size_t p = 0; p < made; p++) Py_DECREF(strs[p]);
+    }
+    PyMem_Free(strs);
     return list;
 }
 
-/* list/tuple input: convert each page (GIL held, as reading the list requires) and hash it right
- * away, so the memory-bound conversion overlaps the latency-bound SHA rounds of the previous page. */
-static int hash_sequence(chain_t *c, PyObject *seq, size_t page_size) {
-    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), ps = (Py_ssize_t)page_size;
-    const Py_ssize_t ahead = ps < 16 ? 16 : ps > 1024 ? 1024 : ps;
-    uint8_t *page = PyMem_Malloc((size_t)(n < ps ? n : ps) * 4 + 4);
-    int rc = 0;
-    if (page == NULL) return PyErr_NoMemory(), -1;
-    for (Py_ssize_t p = 0; rc == 0 && p < n / ps; p++) {
-        rc = sequence_to_le32(seq, n, p * ps, (p + 1) * ps, ahead, page);
-        if (rc == 0) chain_pages(c, page, 1, (size_t)p);
+/* The name of obj's type as a new str reference, or NULL with an exception set. */
+static PyObject *type_name(PyObject *obj) {
+    PyObject *name;
+#if PY_VERSION_HEX >= 0x030B0000
+    name = PyType_GetName(Py_TYPE(obj));
+#else
+    name = PyObject_GetAttrString((PyObject *)Py_TYPE(obj), "__name__");
+#endif
+    if (name != NULL && !PyUnicode_Check(name)) { /* a metaclass may make __name__ anything */
+        Py_DECREF(name);
+        PyErr_Clear();
+        name = PyUnicode_FromString("?");
     }
-    if (rc == 0) rc = sequence_to_le32(seq, n, n - n % ps, n, ahead, page); /* validate the partial page */
-    PyMem_Free(page);
-    return rc;
+    return name;
 }
 
-/* Buffer input: hash it all, without the GIL when large. */
-static int hash_buffer(chain_t *c, const uint8_t *data, size_t n_words, size_t page_size, int check_sign) {
-    Py_ssize_t bad = -1;
-    if (n_words * 4 >= HC_NOGIL_MIN_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        if (check_sign) bad = first_negative(data, n_words);
-        if (bad < 0) chain_pages(c, data, n_words / page_size, 0);
-        Py_END_ALLOW_THREADS
-    } else {
-        if (check_sign) bad = first_negative(data, n_words);
-        if (bad < 0) chain_pages(c, data, n_words / page_size, 0);
+/* Raise TypeError: token_ids[i] is not an int. Replaces the pending exception. */
+static void not_an_int(Py_ssize_t i, PyObject *item) {
+    PyObject *name;
+    PyErr_Clear();
+    name = type_name(item);
+    if (name == NULL) return;
+    PyErr_Format(PyExc_TypeError,
+                 "token_ids[%zd] is a %U, not an int; token ids must be a flat (1-D) sequence of ints", i,
+                 name);
+    Py_DECREF(name);
+}
+
+/* Raise OverflowError: token_ids[i] = value is out of range. value is an exact int, so reading
+ * it runs no user code; values beyond 64 bits are described, not printed, as their decimal
+ * form may exceed the interpreter's int-to-str digit limit. Replaces the pending exception. */
+static void out_of_range(Py_ssize_t i, PyObject *value) {
+    int overflow = 0;
+    long long v;
+    PyErr_Clear();
+    v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (v == -1 && PyErr_Occurred()) return;
+    if (overflow != 0)
+        PyErr_Format(PyExc_OverflowError, "token_ids[%zd] = %s is outside [0, 2**32); %s", i,
+                     overflow < 0 ? "<an int below -2**63>" : "<an int of 2**63 or more>", RANGE_HINT);
+    else
+        PyErr_Format(PyExc_OverflowError, "token_ids[%zd] = %lld is outside [0, 2**32); %s", i, v, RANGE_HINT);
+}
+
+/* out_of_range for an int (or int subclass) item: PyNumber_Index gives an exact copy of its
+ * value without calling any of the subclass's methods. */
+static void int_out_of_range(Py_ssize_t i, PyObject *item) {
+    PyObject *exact;
+    PyErr_Clear();
+    exact = PyNumber_Index(item);
+    if (exact == NULL) return;
+    out_of_range(i, exact);
+    Py_DECREF(exact);
+}
+
+static void changed_size(void) {
+    PyErr_SetString(PyExc_IndexError,
+                    "token_ids changed size while being hashed (an item's __index__ mutated the list)");
+}
+
+/* ---- sequences (GIL held) --------------------------------------------------------------------- */
+
+/* The uint32 value of an item that is not an exact int (item: a strong reference). Int
+ * subclasses are read without calling their methods; other objects go through __index__,
+ * which may run arbitrary Python code. Returns 0, or -1 with an exception set. */
+static int slow_token_value(Py_ssize_t i, PyObject *item, uint32_t *out) {
+    PyObject *idx;
+    unsigned long v;
+    if (PyLong_Check(item)) {
+        v = PyLong_AsUnsignedLong(item);
+        if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT32_MAX_UL) {
+            int_out_of_range(i, item);
+            return -1;
+        }
+        *out = (uint32_t)v;
+        return 0;
     }
-    if (bad >= 0) {
-        const uint8_t *w = data + 4 * bad;
-        const uint32_t u = (uint32_t)w[0] | (uint32_t)w[1] << 8 | (uint32_t)w[2] << 16 | (uint32_t)w[3] << 24;
-        PyObject *v = PyLong_FromLong((long)(int32_t)u);
-        if (v != NULL) token_error(bad, v);
-        Py_XDECREF(v);
+    idx = PyNumber_Index(item);
+    if (idx == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) not_an_int(i, item);
+        return -1; /* any other exception raised by __index__ propagates unchanged */
+    }
+    v = PyLong_AsUnsignedLong(idx);
+    if ((v == (unsigned long)-1 && PyErr_Occurred()) || v > UINT32_MAX_UL) {
+        out_of_range(i, idx);
+        Py_DECREF(idx);
+        return -1;
+    }
+    Py_DECREF(idx);
+    *out = (uint32_t)v;
+    return 0;
+}
+
+#if defined(__GNUC__) || defined(__clang__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
+/* Convert an exact list or tuple of n items to little-endian uint32 words at out (n * 4 bytes,
+ * owned by the caller). Items are read in order, each with a bounds-checked call, as
+ * array('I', seq) reads them, so both implementations see the same items; a list that is too
+ * short when an item is read, or whose length is no longer n at the end, is an error.
+ * is_list is a constant at both call sites, so each gets a loop without the list/tuple test. */
+static ALWAYS_INLINE int items_to_le32(PyObject *seq, const int is_list, Py_ssize_t n, uint8_t *out) {
+    for (Py_ssize_t i = 0; i < n; i++, out += 4) {
+        /* A borrowed reference: valid only until Python code runs. */
+        PyObject *item = is_list ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
+        if (item == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_IndexError)) changed_size();
+            return -1;
+        }
+        if (PyLong_CheckExact(item)) { /* runs no Python code: the borrowed reference suffices */
+            /* Where unsigned long has 64 bits, the error value (unsigned long)-1 is above the
+             * limit too and the compiler drops the PyErr_Occurred test. */
+            const unsigned long v = PyLong_AsUnsignedLong(item);
+            if (v > UINT32_MAX_UL || (v == (unsigned long)-1 && PyErr_Occurred())) {
+                int_out_of_range(i, item);
+                return -1;
+            }
+            store_le32(out, (uint32_t)v);
+            continue;
+        }
+        {
+            uint32_t slow = 0;
+            int rc;
+            Py_INCREF(item); /* __index__ may drop the list's reference */
+            rc = slow_token_value(i, item, &slow);
+            Py_DECREF(item);
+            if (rc < 0) return -1;
+            store_le32(out, slow);
+        }
+    }
+    if ((is_list ? PyList_Size(seq) : PyTuple_Size(seq)) != n) {
+        if (!PyErr_Occurred()) changed_size();
         return -1;
     }
     return 0;
 }
 
-static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
-    PyObject *tokens, *prior = Py_None;
-    Py_ssize_t page_size, n_words;
-    int check_sign = 0, rc, is_seq;
-    Py_buffer view = {0};
-    chain_t c = {0};
-    (void)self;
-    if (!PyArg_ParseTuple(args, "On|Op:page_hashes", &tokens, &page_size, &prior, &check_sign)) return NULL;
-    if (page_size <= 0 || page_size > PY_SSIZE_T_MAX / 4)
-        return PyErr_Format(PyExc_ValueError, "page_size must be a positive int, got %zd", page_size);
-    if (prior != Py_None && (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32))
-        return PyErr_Format(PyExc_ValueError, "prior must be None or 32 raw digest bytes");
-    if (prior != Py_None) memcpy(c.last, PyBytes_AS_STRING(prior), 32);
-    c.have_last = prior != Py_None;
-    c.page_bytes = (size_t)page_size * 4;
-    is_seq = PyList_Check(tokens) || PyTuple_Check(tokens);
-    if (is_seq) {
-        n_words = PySequence_Fast_GET_SIZE(tokens);
-    } else {
-        if (PyObject_GetBuffer(tokens, &view, PyBUF_SIMPLE) < 0) return NULL;
-        n_words = view.len / 4;
-        if (view.len % 4) {
-            PyBuffer_Release(&view);
-            return PyErr_Format(PyExc_ValueError, "token buffer: %zd bytes, not whole 4-byte ids", view.len);
-        }
-    }
-    c.list = new_hex_list((size_t)(n_words / page_size));
-    c.scratch = n_words >= page_size ? PyMem_Malloc(c.page_bytes + 128) : NULL;
-    if (c.list == NULL || (n_words >= page_size && c.scratch == NULL)) {
-        if (c.list != NULL) PyErr_NoMemory();
-        rc = -1;
-    } else if (is_seq) {
-        rc = hash_sequence(&c, tokens, (size_t)page_size);
-    } else {
-        rc = hash_buffer(&c, view.buf, (size_t)n_words, (size_t)page_size, check_sign);
-    }
-    if (!is_seq) PyBuffer_Release(&view);
-    PyMem_Free(c.scratch);
-    if (rc < 0) Py_CLEAR(c.list);
-    return c.list;
+static int sequence_to_le32(PyObject *seq, int is_list, Py_ssize_t n, uint8_t *out) {
+    return is_list ? items_to_le32(seq, 1, n, out) : items_to_le32(seq, 0, n, out);
 }
 
-static const char *impl_name(void) { return g_use_shani ? "sha-ni" : "portable"; }
+/* ---- buffers ---------------------------------------------------------------------------------- */
 
-/* Test hook: select "portable" or "sha-ni" (if the CPU has it); returns the previous name. */
-static PyObject *py_set_sha256_impl(PyObject *self, PyObject *arg) {
-    const char *name = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
-    const char *previous = impl_name();
+/* Check that view is a C-contiguous 1-D buffer of 32-bit integers (or of bytes holding them)
+ * and set *is_signed. Returns 0, or -1 with TypeError set. */
+static int check_buffer(const Py_buffer *view, int *is_signed) {
+    const char *fmt = view->format != NULL ? view->format : "B";
+    char code;
+    if (view->ndim != 1 || view->shape == NULL || view->len < 0 || view->shape[0] < 0 ||
+        view->itemsize <= 0 || view->shape[0] > PY_SSIZE_T_MAX / view->itemsize ||
+        view->shape[0] * view->itemsize != view->len) {
+        PyErr_SetString(PyExc_TypeError, "token buffer must be a C-contiguous 1-D buffer of token ids");
+        return -1;
+    }
+    /* '<' is little-endian, and so is native order on the hosts hashes.py passes it from: on
+     * big-endian hosts it byte-swaps the words first, so the bytes are little-endian anyway. */
+    if (*fmt == '@' || *fmt == '=' || *fmt == '<') fmt++;
+    code = *fmt;
+    if (code == '\0' || fmt[1] != '\0' || strchr("IiLlB", code) == NULL ||
+        view->itemsize != (code == 'B' ? 1 : 4) || view->len % 4 != 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "token buffer has format '%s' and item size %zd; need 32-bit integers (format I, i, L "
+                     "or l with 4-byte items, or B with a multiple of 4 bytes)",
+                     view->format != NULL ? view->format : "B", view->itemsize);
+        return -1;
+    }
+    *is_signed = code == 'i' || code == 'l';
+    return 0;
+}
+
+/* Digest every full page of data (n_words little-endian words), chained, into digests
+ * (32 bytes per page), after checking signs if check_sign. data must stay valid and unmoved:
+ * a held buffer view or memory owned by the call. Without the GIL when the input is large. */
+static int hash_words(chain_t *c, const uint8_t *data, size_t n_words, size_t page_size, int check_sign,
+                      uint8_t *digests) {
+    const size_t n_pages = n_words / page_size;
+    Py_ssize_t negative = -1;
+    int failed = 0;
+    PyThreadState *released = n_words * 4 >= NOGIL_MIN_BYTES ? PyEval_SaveThread() : NULL;
+    if (check_sign) negative = first_negative(data, n_words);
+    for (size_t p = 0; negative < 0 && !failed && p < n_pages; p++)
+        failed = chain_page(c, data + p * c->page_bytes, digests + p * DIGEST_BYTES) < 0;
+    if (released != NULL) PyEval_RestoreThread(released);
+    if (negative >= 0) {
+        PyObject *value = PyLong_FromLong((long)(int32_t)load_le32(data + 4 * (size_t)negative));
+        if (value != NULL) {
+            out_of_range(negative, value);
+            Py_DECREF(value);
+        }
+        return -1;
+    }
+    if (failed) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-256 failed");
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the entry point -------------------------------------------------------------------------- */
+
+static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
+    PyObject *tokens, *prior_obj = Py_None, *out = NULL;
+    Py_ssize_t page_size;
+    int check_sign = 0, have_view = 0, rc = -1;
+    size_t n_words = 0, n_pages = 0;
+    const uint8_t *data = NULL;
+    uint8_t *owned = NULL, *digests = NULL; /* the words of a list/tuple; the page digests */
+    Py_buffer view;
+    chain_t chain;
     (void)self;
-    if (name != NULL && strcmp(name, "portable") == 0)
-        g_use_shani = 0;
-    else if (name != NULL && strcmp(name, "sha-ni") == 0 && cpu_has_shani())
-        g_use_shani = 1;
-    else
-        return PyErr_Format(PyExc_ValueError, "unsupported SHA-256 implementation %R on this CPU", arg);
-    return PyUnicode_FromString(previous);
+    if (!PyArg_ParseTuple(args, "On|Op:page_hashes", &tokens, &page_size, &prior_obj, &check_sign))
+        return NULL;
+    if (page_size <= 0)
+        return PyErr_Format(PyExc_ValueError, "page_size must be a positive int, got %zd", page_size);
+    memset(&chain, 0, offsetof(chain_t, scratch));
+    if (prior_obj != Py_None) {
+        char *raw;
+        Py_ssize_t raw_len;
+        if (!PyBytes_Check(prior_obj) || PyBytes_AsStringAndSize(prior_obj, &raw, &raw_len) < 0 ||
+            raw_len != DIGEST_BYTES) {
+            PyErr_Clear();
+            return PyErr_Format(PyExc_ValueError, "prior must be None or 32 raw digest bytes");
+        }
+        memcpy(chain.prior, raw, DIGEST_BYTES);
+        chain.prev = chain.prior;
+    }
+
+    if (PyList_CheckExact(tokens) || PyTuple_CheckExact(tokens)) {
+        /* Converted in full before hashing: item __index__ methods may run Python code. */
+        const int is_list = PyList_CheckExact(tokens);
+        const Py_ssize_t n = is_list ? PyList_Size(tokens) : PyTuple_Size(tokens);
+        if (n < 0) goto done;
+        if ((size_t)n > (size_t)PY_SSIZE_T_MAX / 4) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        owned = PyMem_Malloc((size_t)n * 4 + 1);
+        if (owned == NULL) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        if (sequence_to_le32(tokens, is_list, n, owned) < 0) goto done;
+        data = owned;
+        n_words = (size_t)n;
+        check_sign = 0;
+    } else {
+        int is_signed = 0;
+        if (PyObject_GetBuffer(tokens, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
+        have_view = 1;
+        if (check_buffer(&view, &is_signed) < 0) goto done;
+        data = view.buf;
+        n_words = (size_t)view.len / 4;
+        check_sign = check_sign || is_signed;
+    }
+
+    n_pages = n_words / (size_t)page_size; /* n_pages * 32 <= n_words * 8 <= 2 * PY_SSIZE_T_MAX */
+    /* With a full page, page_size <= n_words <= PY_SSIZE_T_MAX / 4: the product cannot overflow. */
+    chain.page_bytes = n_pages > 0 ? (size_t)page_size * 4 : 0;
+    digests = PyMem_Malloc(n_pages * DIGEST_BYTES + 1);
+    if (digests == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (hash_words(&chain, data, n_words, (size_t)page_size, check_sign, digests) < 0) goto done;
+    rc = 0;
+
+done:
+    if (have_view) PyBuffer_Release(&view);
+    PyMem_Free(owned);
+    if (rc == 0) out = hex_list(digests, n_pages);
+    PyMem_Free(digests);
+    return out;
 }
 
 static PyMethodDef methods[] = {
-    {"set_sha256_impl", py_set_sha256_impl, METH_O,
-     "set_sha256_impl(name) -> previous name; 'portable' or 'sha-ni' (test hook)."},
     {"page_hashes", py_page_hashes, METH_VARARGS,
      "page_hashes(tokens, page_size, prior=None, check_sign=False) -> list[str]\n\n"
-     "Chained per-page sha256 hex digests; see hicache_core._hashing.page_hashes."},
+     "Chained per-page sha256 hex digests; see hicache_core.paging.hashes.page_hashes."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "hicache_core._pagehash",
-    "Native chained page hashing for hicache_core._hashing.", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "hicache_core.native._pagehash",
+    "Native chained page hashing (OpenSSL SHA-256) for hicache_core.paging.hashes.", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__pagehash(void) {
-    g_use_shani = cpu_has_shani();
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
-    if (PyModule_AddStringConstant(m, "SHA256_IMPL", impl_name()) < 0) {
+    if (PyModule_AddStringConstant(m, "SHA256_IMPL", OpenSSL_version(OPENSSL_VERSION)) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -9,10 +9,11 @@ whole prefix ending at that page.
 
 Two implementations produce identical results:
 
-* ``"native"``: the optional C extension ``hicache_core._pagehash`` (SHA-NI when the CPU has
-  it, else portable C). The whole chain runs in C: buffer inputs (arrays, tensors) of 64 KiB or
-  more without the GIL; lists/tuples page by page with the GIL held (reading them needs it), so
-  converting one page overlaps hashing the previous one.
+* ``"native"``: the optional C extension ``hicache_core.native._pagehash`` over OpenSSL's
+  SHA-256 (libcrypto's ``SHA256_Init``/``_Update``/``_Final``, the code ``hashlib`` runs). The
+  whole chain runs in C: buffer inputs (arrays, tensors) are hashed in place, exact lists/tuples
+  are first converted into a private uint32 buffer (reading them needs the GIL); inputs of
+  64 KiB or more are hashed without the GIL.
 * ``"python"``: ``hashlib`` per page over memoryview slices of one little-endian buffer built
   in a single vectorised step (no per-token Python loop).
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import operator
 import re
 import sys
 from array import array
@@ -47,20 +49,26 @@ _HIGH_BYTE: Final = re.compile(rb"[\x80-\xff]")
 _RANGE_HINT: Final = (
     "token ids are uint32 vocabulary indices: drop padding/sentinel values (e.g. -1) before hashing"
 )
+_CHANGED_SIZE: Final = "token_ids changed size while being hashed (an item's __index__ mutated the list)"
+# What converting token ids raises for a bad id, in either implementation; both map these to
+# BatchShapeError: TypeError (not an int), OverflowError (out of range), IndexError (a list
+# shrank while it was read), and any of them or ValueError raised by an item's __index__.
+_CONVERSION_ERRORS: Final = (OverflowError, TypeError, ValueError, IndexError)
 
 
 class _NativeModule(Protocol):
-    """The interface of the ``hicache_core._pagehash`` C extension."""
+    """The interface of the ``hicache_core.native._pagehash`` C extension."""
 
-    SHA256_IMPL: str  # "sha-ni" or "portable", chosen by cpuid at import
+    SHA256_IMPL: str  # the libcrypto providing SHA-256, e.g. "OpenSSL 3.0.19 27 Jan 2026"
 
     def page_hashes(
         self, tokens: object, page_size: int, prior: bytes | None, check_sign: bool, /
     ) -> list[str]:
-        """Chain in C; ``tokens`` is a list/tuple of ints or a buffer of little-endian uint32."""
+        """Chain in C; ``tokens`` is an exact list/tuple of ints or a buffer of LE 32-bit words.
 
-    def set_sha256_impl(self, name: str, /) -> str:
-        """Test hook: switch between "sha-ni" and "portable"; returns the previous name."""
+        Raises TypeError (not an int, bad buffer), OverflowError (id out of range) or
+        IndexError (the list changed size while it was read).
+        """
 
 
 _NATIVE: Final = cast("_NativeModule | None", load_extension("_pagehash", "HICACHE_PURE_PYTHON_HASH"))
@@ -90,7 +98,8 @@ def page_hashes(token_ids: object, page_size: int, prior_hash: str | None = None
 
     Raises:
         BatchShapeError: ``page_size <= 0``; ``token_ids`` not 1-D, not integers, on a
-            non-CPU device, a ``bytes``-like object or ``str``; or an id outside ``[0, 2**32)``.
+            non-CPU device, a ``bytes``-like object or ``str``; an id outside ``[0, 2**32)``;
+            or a list that changed size while it was read (an item's ``__index__`` mutated it).
         KeyFormatError: ``prior_hash`` is not ``None`` or a 64-character hex string (an empty
             string is rejected too, unlike SGLang which treats it as ``None``).
     """
@@ -106,8 +115,9 @@ def _page_hashes(
     tokens, check_sign = _prepare(token_ids, native is not None)
     if native is not None:
         try:
-            return native.page_hashes(tokens, size, prior, check_sign)
-        except (OverflowError, TypeError) as exc:
+            # A page size beyond sys.maxsize (the C side's Py_ssize_t) has no full page either way.
+            return native.page_hashes(tokens, min(size, sys.maxsize), prior, check_sign)
+        except _CONVERSION_ERRORS as exc:
             raise BatchShapeError(str(exc)) from exc
     return _chain_python(tokens, size, prior, check_sign)
 
@@ -157,7 +167,7 @@ def _prepare(token_ids: object, native: bool) -> tuple[object, bool]:
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(token_ids, torch.Tensor):
         return _from_torch(token_ids, torch)
-    if isinstance(token_ids, (list, tuple)):
+    if type(token_ids) is list or type(token_ids) is tuple:  # subclasses may override __len__ etc.
         return (token_ids if native else _seq_to_u32(token_ids)), False
     if isinstance(token_ids, Sequence):
         return _seq_to_u32(token_ids), False
@@ -267,25 +277,54 @@ def _check_range(lo: int, hi: int, values: Any) -> None:
 
 
 def _seq_to_u32(seq: Sequence[int] | memoryview | array[int]) -> array[int]:
-    """Convert in one C-level pass (range-checked by ``array``), little-endian."""
+    """Convert in one C-level pass (range-checked by ``array``), little-endian.
+
+    An exact list or tuple is read item by item up to its starting length, each read
+    bounds-checked, exactly as the native extension reads it; a list whose length has changed
+    by the end (an item's ``__index__`` mutated it) is an error. Any other sequence is
+    iterated, so a lying ``__len__`` cannot size the conversion.
+    """
+    exact = type(seq) in (list, tuple)
+    n = len(seq) if exact else -1
     try:
-        return _to_le(array(_U32_CODE, seq))
-    except (OverflowError, TypeError, ValueError) as exc:
+        out = array(_U32_CODE, seq if exact else iter(seq))
+    except _CONVERSION_ERRORS as exc:
+        if exact and len(seq) != n:
+            raise BatchShapeError(_CHANGED_SIZE) from exc
         raise BatchShapeError(_describe_bad_token(seq)) from exc
+    if exact and len(seq) != n:
+        raise BatchShapeError(_CHANGED_SIZE)
+    return _to_le(out)
 
 
 def _describe_bad_token(seq: Sequence[object] | memoryview | array[int]) -> str:
-    """Error path only: find the first offending element and say how to fix it."""
-    for i, tok in enumerate(seq):
-        if not hasattr(tok, "__index__"):
-            return (
-                f"token_ids[{i}] is a {type(tok).__name__}, not an int; token ids must be a flat (1-D) "
-                "sequence of ints"
-            )
-        value = int(cast(Any, tok).__index__())
-        if not 0 <= value < _U32_LIMIT:
-            return f"token_ids[{i}] = {value} is outside [0, 2**32); {_RANGE_HINT}"
+    """Error path only: find the first offending element and say how to fix it.
+
+    This reads ``seq`` a second time; elements whose ``__index__`` misbehaves may now pass or
+    fail differently, which only makes the message less specific.
+    """
+    try:
+        for i, tok in enumerate(seq):
+            try:
+                value = operator.index(cast(Any, tok))
+            except Exception:
+                return (
+                    f"token_ids[{i}] is a {type(tok).__name__}, not an int; token ids must be a flat "
+                    "(1-D) sequence of ints"
+                )
+            if not 0 <= value < _U32_LIMIT:
+                return f"token_ids[{i}] = {_show_int(value)} is outside [0, 2**32); {_RANGE_HINT}"
+    except Exception:
+        pass
     return "token_ids could not be converted to uint32 token ids"
+
+
+def _show_int(value: int) -> str:
+    """``value`` in decimal, or a description when it has more than 64 bits (printing those
+    can exceed the interpreter's int-to-str digit limit)."""
+    if -(1 << 63) <= value < 1 << 63:
+        return str(value)
+    return "<an int below -2**63>" if value < 0 else "<an int of 2**63 or more>"
 
 
 def _chain_python(tokens: object, page_size: int, prior: bytes | None, check_sign: bool) -> list[str]:
