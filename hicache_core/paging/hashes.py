@@ -125,7 +125,10 @@ def _page_hashes(
 def _check_page_size(page_size: object) -> int:
     if isinstance(page_size, bool) or not hasattr(page_size, "__index__"):
         raise BatchShapeError(f"page_size must be a positive int, got {page_size!r}")
-    size = int(cast(Any, page_size).__index__())
+    try:
+        size = int(cast(Any, page_size).__index__())
+    except (TypeError, ValueError, OverflowError):  # e.g. a tensor of several elements
+        raise BatchShapeError(f"page_size must be a positive int, got {type(page_size).__name__}") from None
     if size <= 0:
         raise BatchShapeError(f"page_size must be a positive int (tokens per page), got {size}")
     return size

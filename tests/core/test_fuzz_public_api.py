@@ -225,12 +225,6 @@ def test_fuzz_keys_and_hashes() -> None:
     run()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="paging/hashes.py _check_page_size: a tensor of several elements has __index__, which "
-    "raises a bare TypeError (hashes.py is another change's; drop this mark when it is typed)",
-)
 def test_page_hashes_page_size_tensor_is_typed() -> None:
     typed_only(hc.page_hashes, [1, 2], torch.zeros(2))
 
