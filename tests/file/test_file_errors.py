@@ -177,10 +177,11 @@ def test_publish_failure_leaves_no_temp_file(
 def test_unreadable_page_is_a_miss_not_an_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_open = os.open
 
-    def failing_open(path, flags, *a):  # type: ignore[no-untyped-def]
-        if path.endswith("/e.bad") and not flags & os.O_CREAT:
+    def failing_open(path, flags, *a, **kw):  # type: ignore[no-untyped-def]
+        # pages are opened by name relative to their shard directory's fd
+        if os.path.basename(path) == "e.bad" and not flags & os.O_CREAT:
             raise OSError(errno.EIO, "I/O error", path)
-        return real_open(path, flags, *a)
+        return real_open(path, flags, *a, **kw)
 
     with open_store(config(tmp_path)) as store:
         bufs = [torch.ones(64, dtype=torch.uint8)] * 2

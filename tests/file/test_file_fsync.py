@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from file_helpers import config, fill, pages, zero
+from file_helpers import config, files_under, fill, pages, zero
 
 from hicache_core import CacheController, MHAKVPool, page_hashes
 
@@ -32,10 +32,11 @@ def test_fsync_pages_and_directories(tmp_path: Path, monkeypatch: pytest.MonkeyP
         zero(kv)
         assert ctl.prefetch(hashes, range(6)).pages == 6
     assert pages(kv, range(6)) == want
-    # an O_TMPFILE inode reads as "<dir>/#<ino> (deleted)"; a temp file as "<dir>/.tmp-..."
+    # an O_TMPFILE inode reads as "<shard>/#<ino> (deleted)"; a temp file (rename) as
+    # "<root>/.hicache-tmp/.tmp-..."
     page_syncs = [p for p in synced if not os.path.isdir(p)]
     assert len(page_syncs) == 12, "each component file is synced before it is published"
     dirs = {p for p in synced if os.path.isdir(p)}
-    shards = {os.path.dirname(p) for p in page_syncs}
-    assert shards <= dirs, "each shard directory is synced after the renames"
+    shards = {os.path.dirname(str(tmp_path / f)) for f in files_under(tmp_path)}
+    assert len(shards) > 1 and shards <= dirs, "each shard directory is synced after the links/renames"
     assert str(tmp_path / namespace) in dirs and str(tmp_path) in dirs, "new directories are made durable"

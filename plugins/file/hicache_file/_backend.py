@@ -12,22 +12,28 @@ options. Summary of the guarantees:
   magic, format, key, length and the xxh3_64 checksum. A corrupt, truncated or misplaced file
   is a miss (``False``), counted in :attr:`FileBackend.stats` ``.integrity_errors``, logged,
   and deleted so the next backup rewrites it. A valid page of another size is a plain miss.
-* ``exists`` is one ``access(2)`` per key on a computed path: no directory scan, ever.
+* ``exists`` is one ``faccessat(2)`` per key, by name in its shard directory: no directory
+  scan, ever.
+* Nothing below the root is reached through a symlink: every directory and page is opened,
+  created, linked, renamed and removed relative to the fd of its parent directory with
+  ``O_NOFOLLOW`` (see :mod:`hicache_file._dirs`). Keys are exact ``str`` and checked
+  (:func:`hicache_core.check_key`) at the hooks themselves, whoever calls them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import operator
 import os
 import threading
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from functools import partial
-from itertools import chain, repeat
+from itertools import chain
+from operator import countOf
 from typing import TYPE_CHECKING, Any
 
 from hicache_core import (
@@ -36,6 +42,7 @@ from hicache_core import (
     DraftIo,
     DraftIoMode,
     IoOp,
+    KeyFormatError,
     PoolError,
     PoolName,
     check_key,
@@ -48,22 +55,23 @@ if TYPE_CHECKING:  # heavy (torch / pydantic); annotations only
 
 from . import _format as fmt
 from ._clear import clear_namespace
+from ._dirs import ABSENT, Dir
 from ._index import LruIndex, scan_root
 from ._options import FileOptions
+from ._page_io import PageIo
 from ._pool_io import PoolIo, Post, tensor_iov
-from ._publish import fsync_dir, open_root
+from ._publish import open_root
 from ._stats import FileStats, _Tally
 
 __all__ = ["FileBackend"]
 
 log = logging.getLogger("hicache.file")
 
-_RFLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)
 _PATH_CACHE_MAX = 1 << 15
-_FH = fmt.FIXED_HEADER
+_FD = operator.attrgetter("fd")
 
 
-class FileBackend:
+class FileBackend(PageIo):
     """Pages as files under ``options.root`` (see the module docstring for the guarantees)."""
 
     Options = FileOptions
@@ -75,7 +83,7 @@ class FileBackend:
         persistent=True,
         shared=True,
         draft_io=DraftIoMode.GENERIC,
-        # set skips a stored page itself (one access(2) on its I/O thread, no bytes written), so
+        # set skips a stored page itself (one faccessat(2) on its I/O thread, no bytes written), so
         # backup needs no separate existence pass; exact_skipped turns the pass back on
         set_skips_existing=True,
     )
@@ -85,14 +93,18 @@ class FileBackend:
         self.options = options
         if options.exact_skipped:  # backup checks existence first: exact TransferResult.skipped
             self.capabilities = dataclasses.replace(type(self).capabilities, set_skips_existing=False)
-        self.root = options.resolved_root()
-        self._publisher = open_root(self.root, options.fsync, options.publish)
+        tree, self._publisher, swept = open_root(
+            options.resolved_root(), options.fsync, options.publish, options.temp_max_age_s
+        )
+        self._tree = tree
+        self._finalizer = weakref.finalize(self, tree.close)
+        self.root = tree.root  # resolved once: the configured root may be a symlink
         self._prefix = self.root.rstrip("/") + "/"
         self._fsync = options.fsync
         self._absent = threading.local()  # keys the last exists() of a thread found absent
-        self._path_cache: dict[str, str] = {}
+        self._path_cache: dict[str, Dir] = {}  # validated key -> its shard directory
         self._pools: dict[PoolName, PoolIo] = {}
-        self._stats = FileStats()
+        self._stats = FileStats(temp_files_removed=swept)
         self._stats_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._executor_lock = threading.Lock()
@@ -101,7 +113,7 @@ class FileBackend:
         self.scan_seconds = 0.0  # the open-time scan (only with max_bytes)
         if options.max_bytes is not None:
             self.index = LruIndex(options.max_bytes)
-            scan = scan_root(self.root, options.temp_max_age_s)
+            scan = scan_root(tree, options.temp_max_age_s)
             self.index.load(scan.entries)
             self._stats.temp_files_removed += scan.temp_removed
             self.scan_seconds = scan.seconds
@@ -128,7 +140,8 @@ class FileBackend:
         return "tmpfile" if self._publisher.anonymous else "rename"
 
     def path_of(self, key: str) -> str:
-        """Absolute path of ``key``'s page file (validates the key; the file may not exist)."""
+        """Absolute path of ``key``'s page file below the resolved root (validates the key; the
+        file may not exist). For tools and tests: the backend itself never opens it by path."""
         return self._prefix + fmt.relpath(check_key(key))
 
     def __repr__(self) -> str:
@@ -232,7 +245,13 @@ class FileBackend:
         """
         check_key(namespace)
         prefix = namespace + "."
-        removed, temps, failed, first_error = clear_namespace(self._prefix, namespace)
+        tree = self._tree
+        tree.enter()
+        try:
+            removed, temps, failed, first_error = clear_namespace(tree, namespace)
+            tree.forget(namespace.partition(".")[0])  # its directories may be gone now
+        finally:
+            tree.leave()
         if self.index is not None:
             self.index.drop_prefix(prefix)
         with self._stats_lock:
@@ -241,6 +260,8 @@ class FileBackend:
         log.info("hicache.file: cleared namespace %r under %s: %d pages", namespace, self.root, removed)
         if failed:
             log.warning("hicache.file: clear could not remove %d files; first: %s", failed, first_error)
+        elif first_error:
+            log.warning("hicache.file: clear did not enter %s", first_error)
         return removed
 
     @hookimpl
@@ -254,49 +275,45 @@ class FileBackend:
             ex, self._executor = self._executor, None
         if ex is not None:
             ex.shutdown(wait=True)
+        self._tree.release(root=True)  # closed once no batch runs; opened again if still used
 
     # ------------------------------------------------------------- batching
-    def _paths(self, keys: Sequence[str]) -> list[str]:
-        """Validate keys (:func:`check_key`) and map them to absolute page paths.
+    def _locate(self, keys: Sequence[str]) -> list[Dir]:
+        """Validate keys and map each to its shard directory; raises :class:`KeyFormatError`.
 
-        Validation plus formatting costs ~0.8 us per key, more than the ``access(2)`` that
-        follows, and every key is looked up several times in quick succession (backup:
-        exists then set; query then prefetch: exists, exists, get). So validated keys and
-        their paths are memoised in a bounded dict (the mapping is pure; it is emptied when
-        it reaches ``_PATH_CACHE_MAX`` entries, a few MB).
+        Every key must be an exact ``str`` (a subclass's ``__str__`` or ``__fspath__`` could
+        name another file): one C-level type count per batch. Checking a key's characters
+        (:func:`check_key`) and finding its directory cost ~0.8 us, more than the ``faccessat(2)``
+        that follows, and every key is looked up several times in quick succession (backup:
+        exists then set; query then prefetch: exists, exists, get). So validated keys are
+        memoised with their directory in a bounded dict (the mapping is pure; it is emptied
+        when it reaches ``_PATH_CACHE_MAX`` entries, a few MB).
         """
-        cache = self._path_cache
-        try:
-            out: list[str | None] = list(map(cache.get, keys))
-        except TypeError:  # an unhashable key: not a str
+        if countOf(map(type, keys), str) != len(keys):
             for k in keys:
-                check_key(k)
-            raise
-        if None in out:
-            root = self._prefix
-            if len(cache) + len(out) > _PATH_CACHE_MAX:
-                cache.clear()
-            if out.count(None) == len(out):  # a batch of new keys (a backup's): ~25% faster
-                check_keys(keys)
-                relpath = fmt.relpath
-                paths = [
-                    "%s%s/%s/%s" % (root, k[:dot], k[-1], k)  # noqa: UP031
-                    if (dot := k.find(".")) > 0 and k[-1] != "."
-                    else root + relpath(k)
-                    for k in keys
-                ]
-                cache.update(zip(keys, paths))
-                return paths
-            for i, p in enumerate(out):
-                if p is None:
-                    k = keys[i]
+                check_key(k)  # raises for the first key that is not an exact str
+            raise KeyFormatError("storage keys must be exact str objects")  # pragma: no cover
+        cache = self._path_cache
+        out: list[Dir | None] = list(map(cache.get, keys))
+        if None not in out:
+            return out  # type: ignore[return-value]
+        if len(cache) + len(out) > _PATH_CACHE_MAX:
+            cache.clear()
+        new = out.count(None) == len(out)
+        if new:
+            check_keys(keys)  # a batch of new keys (a backup's): one regex pass
+        tree = self._tree
+        dirs = tree._dirs
+        for i, d in enumerate(out):
+            if d is None:
+                k = keys[i]
+                if not new:
                     check_key(k)
-                    dot = k.find(".")
-                    if dot > 0 and k[-1] != ".":  # %-formatting: ~40% faster than an f-string
-                        p = "%s%s/%s/%s" % (root, k[:dot], k[-1], k)  # noqa: UP031
-                    else:
-                        p = root + fmt.relpath(k)
-                    out[i] = cache[k] = p
+                dot = k.find(".")
+                last = k[-1]
+                loc = (k[:dot] if dot > 0 else "_", "_" if last == "." else last)
+                d = dirs.get(loc) or tree.dir(*loc)
+                out[i] = cache[k] = d
         return out  # type: ignore[return-value]
 
     def _pool(self) -> ThreadPoolExecutor | None:
@@ -320,23 +337,65 @@ class FileBackend:
         sizes: list[int],
         posts: list[Post | None] | None,
     ) -> list[bool]:
-        paths = self._paths(keys)
-        n = len(paths)
-        threads = self.options.io_threads
+        dirs = self._locate(keys)
+        tree = self._tree
+        tree.enter()
+        try:
+            return self._batch_in(op, keys, dirs, iovs, sizes, posts)
+        finally:
+            tree.leave()
+
+    def _batch_in(
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        dirs: list[Dir],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        posts: list[Post | None] | None,
+    ) -> list[bool]:
+        n = len(keys)
+        tree = self._tree
+        rename = op is IoOp.SET and not self._publisher.anonymous
+        # the fd of each key's directory as cached; directories not open yet (or absent when
+        # last looked at) are opened (made, for a set) first. A cached fd whose directory was
+        # removed meanwhile (a clear, maybe in another process) shows up as ENOENT: a set opens
+        # it again and retries, a miss in exists/get looks again (_recheck, _fresh_fd).
+        fds = list(map(_FD, dirs))
+        tmpfd = tree.tmp.fd if rename else ABSENT
+        errs: dict[Dir, OSError] = {}
+        if n and (min(fds) < 0 or (rename and tmpfd < 0)):
+            want = {d for d, fd in zip(dirs, fds) if fd < 0}
+            if rename and tmpfd < 0:
+                want.add(tree.tmp)
+            fdmap, errs = tree.prepare(want, op is IoOp.SET)
+            fds = [fd if fd >= 0 else fdmap[d] for d, fd in zip(dirs, fds)]
+            if rename and tmpfd < 0:
+                tmpfd = fdmap[tree.tmp]
         if op is IoOp.EXISTS:
-            found = list(map(os.access, paths, repeat(os.F_OK)))
+            access, f_ok = os.access, os.F_OK
+            found = [
+                fd >= 0 and access(k, f_ok, dir_fd=fd, follow_symlinks=False) for k, fd in zip(keys, fds)
+            ]
+            if not all(found):
+                self._recheck(keys, dirs, fds, found)
             self._absent.keys = {k for k, f in zip(keys, found) if not f}
             with self._stats_lock:
                 self._stats.exists_checks += n
             return found
+        threads = self.options.io_threads
         parallel = (
             threads > 1 and n > 1 and not self._closed and sum(sizes) >= self.options.parallel_min_bytes
         )
-        if op is not IoOp.GET:
+        work: Any
+        args: tuple[Any, ...]
+        if op is IoOp.GET:
+            work, args = self._get_range, (keys, dirs, fds, errs, iovs, sizes, posts)
+        else:
             absent = getattr(self._absent, "keys", None) or frozenset()
             self._absent.keys = None
-        work: Any = self._get_range if op is IoOp.GET else self._set_range
-        args: tuple[Any, ...] = (keys, paths, iovs, sizes, posts if op is IoOp.GET else absent)
+            tmp = (tmpfd, errs.get(tree.tmp))
+            work, args = self._set_range, (keys, dirs, fds, errs, iovs, sizes, absent, tmp)
         ex = self._pool() if parallel else None
         if ex is None:
             parts = [work(*args, 0, n)]
@@ -389,177 +448,31 @@ class FileBackend:
         victims = self.index.victims()
         if not victims:
             return
+        tree = self._tree
+        located = [(key, size, tree.dir(*fmt.location(key))) for key, size in victims]
         gone = nbytes = 0
-        for key, size in victims:
-            try:
-                os.unlink(self._prefix + fmt.relpath(key))
-            except FileNotFoundError:
-                continue  # evicted or cleared by another process already
-            except OSError as err:  # the budget is best effort; never fail the batch for it
-                log.warning("hicache.file: cannot evict %s: %s", key, err.strerror or err)
-                continue
-            gone += 1
-            nbytes += size
+        tree.enter()
+        try:
+            fdmap, errs = tree.prepare({d for _, _, d in located}, False)
+            for key, size, d in located:
+                fd = fdmap[d]
+                try:
+                    if fd < 0:
+                        err = errs.get(d)
+                        if err is None:
+                            continue  # its directory is gone: evicted or cleared elsewhere already
+                        raise err
+                    os.unlink(key, dir_fd=fd)  # unlinkat: removes the name, never follows it
+                except FileNotFoundError:
+                    continue  # evicted or cleared by another process already
+                except OSError as err:  # the budget is best effort; never fail the batch for it
+                    log.warning("hicache.file: cannot evict %s: %s", key, err)
+                    continue
+                gone += 1
+                nbytes += size
+        finally:
+            tree.leave()
         with self._stats_lock:
             self._stats.evictions += gone
             self._stats.evicted_bytes += nbytes
         log.debug("hicache.file: evicted %d pages (%d bytes) to fit max_bytes", gone, nbytes)
-
-    # ------------------------------------------------------------ the I/O
-    def _get_range(
-        self,
-        keys: Sequence[str],
-        paths: list[str],
-        iovs: list[list[Any]],
-        sizes: list[int],
-        posts: list[Post | None] | None,
-        lo: int,
-        hi: int,
-    ) -> tuple[list[bool], _Tally]:
-        tally = _Tally()
-        out: list[bool] = []
-        hits = misses = nbytes = 0
-        checksum, xxh3 = fmt.checksum, fmt.xxh3_64
-        parts = fmt.header_parts
-        spare = bytearray(1)  # a byte read into it means trailing garbage
-        track = self.index is not None
-        for j in range(lo, hi):
-            key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
-            kb = key.encode("ascii")
-            fixed, pad = parts(len(kb), size)  # the valid header: fixed (checksum aside) + kb + pad
-            hsize = _FH + len(kb) + len(pad)
-            try:
-                fd = os.open(path, _RFLAGS)
-            except FileNotFoundError:
-                misses += 1
-                out.append(False)
-                continue
-            except OSError as err:
-                tally.error("read_errors", err, path)
-                out.append(False)
-                continue
-            reason: str | None = "?"
-            ident = None
-            try:
-                hdr = bytearray(hsize)
-                nread = os.readv(fd, [hdr, *iov, spare])
-                if (
-                    nread == hsize + size
-                    and hdr[:16] == fixed[:16]
-                    and hdr[_FH:] == kb + pad
-                    and int.from_bytes(hdr[16:24], "little")
-                    == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
-                ):
-                    reason = None
-                else:
-                    st = os.fstat(fd)
-                    reason = fmt.classify(hdr, nread, kb, size, st.st_size)
-                    if reason is not None:
-                        ident = (st.st_dev, st.st_ino)
-                    else:
-                        tally.add("size_mismatches")
-                        reason = ""
-            except OSError as err:
-                tally.error("read_errors", err, path)
-                out.append(False)
-                continue
-            finally:
-                os.close(fd)
-            if reason is None:
-                if posts is not None and posts[j] is not None:
-                    dst, scratch = posts[j]  # type: ignore[misc]
-                    dst.copy_(scratch.view(dst.shape))
-                hits += 1
-                nbytes += size
-                if track:
-                    tally.touched.append((key, hsize + size))
-                out.append(True)
-                continue
-            out.append(False)
-            if reason:
-                self._quarantine(path, ident, reason, tally)
-                tally.gone.append(key)
-        tally.add("hits", hits)
-        tally.add("misses", misses)
-        tally.add("bytes_read", nbytes)
-        return out, tally
-
-    def _quarantine(self, path: str, ident: tuple[int, int] | None, reason: str, tally: _Tally) -> None:
-        """Count, log and delete a corrupt page (only if it is still the file we read)."""
-        tally.add("integrity_errors")
-        try:
-            st = os.stat(path)
-            if ident is None or (st.st_dev, st.st_ino) == ident:
-                os.unlink(path)
-                removed = "removed"
-            else:
-                removed = "kept (replaced meanwhile by a new page)"
-        except OSError as err:
-            removed = f"could not remove: {err.strerror or err}"
-        log.warning("hicache.file: corrupt page %s (%s): read as a miss, %s", path, reason, removed)
-
-    def _set_range(
-        self,
-        keys: Sequence[str],
-        paths: list[str],
-        iovs: list[list[Any]],
-        sizes: list[int],
-        absent: frozenset[str] | set[str],
-        lo: int,
-        hi: int,
-    ) -> tuple[list[bool], _Tally]:
-        tally = _Tally()
-        out: list[bool] = []
-        writes = skipped = nbytes = 0
-        checksum, header, xxh3 = fmt.checksum, fmt.encode_header, fmt.xxh3_64
-        access, f_ok = os.access, os.F_OK
-        publish = self._publisher.publish
-        track = self.index is not None
-        budget = self.options.max_bytes
-        fsync_dirs: dict[str, list[int]] = {}
-        for j in range(lo, hi):
-            key, path, iov, size = keys[j], paths[j], iovs[j], sizes[j]
-            kb = key.encode("ascii")
-            disk = fmt.header_size(len(kb)) + size
-            # Skip present keys; a key this thread's last exists() found absent needs no second
-            # look (if another process wrote it since, publish() keeps that copy or replaces
-            # it with identical bytes: both fine).
-            if key not in absent and access(path, f_ok):
-                skipped += 1
-                if track:
-                    tally.touched.append((key, disk))
-                out.append(True)
-                continue
-            if budget is not None and disk > budget:
-                tally.error("write_errors", OSError(errno.EFBIG, f"page exceeds max_bytes={budget}"), path)
-                out.append(False)
-                continue
-            d = path[: len(path) - len(key)]
-            try:
-                digest = xxh3(iov[0]) if len(iov) == 1 else checksum(iov)
-                fresh = publish(d, path, [header(kb, size, digest), *iov], disk)
-            except OSError as err:
-                tally.error("write_errors", err, path)
-                out.append(False)
-                continue
-            if fresh:
-                writes += 1
-                nbytes += size
-            else:
-                skipped += 1
-            if track:
-                tally.touched.append((key, disk))
-            if self._fsync and fresh:
-                fsync_dirs.setdefault(d, []).append(len(out))
-            out.append(True)
-        for d, positions in fsync_dirs.items():
-            try:
-                fsync_dir(d)
-            except OSError as err:
-                tally.error("write_errors", err, d)
-                for p in positions:
-                    out[p] = False
-        tally.add("writes", writes)
-        tally.add("skipped_writes", skipped)
-        tally.add("bytes_written", nbytes)
-        return out, tally

@@ -68,6 +68,7 @@ __all__ = [
     "header_parts",
     "header_size",
     "header_tail",
+    "location",
     "relpath",
     "shard",
 ]
@@ -81,6 +82,8 @@ TEMP_PREFIX = ".tmp-"
 LAYOUT = "<namespace>/<key[-1:]>/<key>"
 MARKER_NAME = ".hicache-file.json"
 """A small JSON file at the root recording the format version (written once)."""
+TEMP_DIR = ".hicache-tmp"
+"""The root's directory of in-flight temp files (``publish: "rename"`` only)."""
 
 _FIXED = struct.Struct("<4sBBHQQ")  # magic, version, algo, key length, payload length, checksum
 xxh3_64 = xxhash.xxh3_64_intdigest
@@ -162,9 +165,14 @@ def classify(
 
 def relpath(key: str) -> str:
     """``<namespace>/<shard>/<key>`` for a key already checked by ``check_key``."""
+    ns, sh = location(key)
+    return f"{ns}/{sh}/{key}"
+
+
+def location(key: str) -> tuple[str, str]:
+    """``(namespace directory, shard directory)`` of a key already checked by ``check_key``."""
     dot = key.find(".")
-    ns = key[:dot] if dot > 0 else "_"
-    return f"{ns}/{shard(key)}/{key}"
+    return (key[:dot] if dot > 0 else "_"), shard(key)
 
 
 def shard(key: str) -> str:

@@ -36,6 +36,8 @@ class FileOptions(BaseModel):
 
     ``root``: directory holding the pages (created if missing); default
     ``<user cache dir>/hicache/file``. Every process opening the same root shares the pages.
+    It may be (or pass through) a symlink: it is resolved once, at open; nothing below it is
+    ever reached through a symlink.
     ``max_bytes``: optional byte budget over every namespace in ``root`` (headers included),
     enforced with LRU eviction; ``None`` means unbounded. Setting it makes open scan ``root``
     once to rebuild the index (5-10 us per file).
@@ -46,19 +48,20 @@ class FileOptions(BaseModel):
     the caller's thread); the other threads are a pool kept until ``close``.
     ``parallel_min_bytes``: batches with fewer payload bytes run inline, where a thread
     hand-off costs more than it saves.
-    ``temp_max_age_s``: temp files of killed writers (``publish="rename"`` only) older than this
-    are deleted by the open-time scan (younger ones may belong to a live writer in another
-    process); clearing a namespace removes all of its temp files.
+    ``temp_max_age_s``: every open removes the temp files of killed writers (``publish="rename"``
+    only; kept in the root's ``.hicache-tmp`` directory): at once when the name says the
+    writer ran on this host and PID namespace and its process is gone, else once they are
+    older than this (they may belong to a live writer on another host).
     ``publish``: how a page appears atomically: ``"tmpfile"`` writes an unnamed ``O_TMPFILE``
     inode and links it (Linux; nothing is left behind by a killed writer, one directory
     operation per page), ``"rename"`` writes a named temp file and renames it (portable),
     ``"auto"`` (default) probes the root at open and uses ``tmpfile`` when it works.
     ``exact_skipped``: ``False`` (default): ``set`` skips a page that is already stored itself
-    (an ``access(2)`` on the I/O thread that would write it, no bytes written), so the
+    (an ``faccessat(2)`` on the I/O thread that would write it, no bytes written), so the
     controller's ``backup`` makes no separate existence pass and ``TransferResult.skipped``
     stays 0 (``FileBackend.stats.skipped_writes`` counts those pages). ``True``: the backend
     declares ``set_skips_existing=False``, so ``backup`` first asks which pages exist and
-    ``skipped`` counts them exactly, at the cost of that extra batch (one ``access(2)`` per
+    ``skipped`` counts them exactly, at the cost of that extra batch (one ``faccessat(2)`` per
     key before the writes).
     """
 
@@ -74,7 +77,9 @@ class FileOptions(BaseModel):
         description="parallel I/O threads per batch",
     )
     parallel_min_bytes: int = Field(512 * 1024, ge=0, description="smaller batches run inline")
-    temp_max_age_s: float = Field(3600.0, gt=0, description="age after which leftover temp files go")
+    temp_max_age_s: float = Field(
+        3600.0, gt=0, description="age after which temp files of other hosts' writers go"
+    )
     publish: Literal["auto", "tmpfile", "rename"] = Field("auto", description="atomic publish method")
     exact_skipped: bool = Field(
         False, description="backup checks existence first, so TransferResult.skipped counts stored pages"

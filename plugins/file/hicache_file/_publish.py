@@ -1,6 +1,7 @@
-"""Atomic publication of one page file, and the root directory checks done at open time.
+"""Atomic publication of one page file, the root checks done at open, and temp-file sweeping.
 
-Two ways to make a complete file appear under its final name in one step:
+Two ways to make a complete file appear under its final name in one step, both relative to the
+shard directory's fd (see :mod:`hicache_file._dirs`: nothing below the root is followed):
 
 * ``O_TMPFILE`` (Linux; ext4, xfs, btrfs, tmpfs): write an unnamed inode in the shard
   directory, then ``linkat`` it to its name through ``/proc/self/fd``. The name appears
@@ -8,9 +9,11 @@ Two ways to make a complete file appear under its final name in one step:
   (the kernel frees the inode); ``EEXIST`` means another writer published the key first, and
   its page is kept. One directory insertion per page, like a plain ``open(O_CREAT)``.
 * temp file + ``rename`` (portable fallback, chosen when the probe at open fails, e.g. NFS):
-  ``.tmp-<token>-<pid>-<n>`` in the shard directory, renamed over the final name. A killed
-  writer may leave a temp file (never read as a page; swept by ``clear`` and the open-time
-  scan after ``temp_max_age_s``).
+  ``.tmp-<host>-<pid>-<token>-<n>`` in the root's ``.hicache-tmp`` directory, ``renameat``
+  over the final name. A killed writer may leave a temp file (never read as a page); every
+  open removes those whose writer is dead (same host and PID namespace, PID gone) or that are
+  older than ``temp_max_age_s``: one ``scandir`` of that one directory, whatever the number of
+  pages.
 
 Either way the final name only ever points at a complete page.
 """
@@ -19,25 +22,48 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import itertools
 import json
 import os
 import secrets
+import stat
+import time
 from typing import Any
 
 from . import _format as fmt
+from ._dirs import O_CLOEXEC, O_NOFOLLOW, DirTree, describe
 from ._errors import FileRootError
 
-__all__ = ["Publisher", "fsync_dir", "open_root"]
+__all__ = ["HOST", "Publisher", "open_root", "sweep_temps", "temp_name"]
 
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
-_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
-_ANON = os.O_WRONLY | _O_TMPFILE | _O_CLOEXEC
-# linkat() ignores the directory fd of an absolute path; passing one (any value other than
-# AT_FDCWD) makes CPython call linkat(..., AT_SYMLINK_FOLLOW) instead of link(), which is
-# what following /proc/self/fd/N to the open inode needs.
-_ABSOLUTE = -1
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
+_ANON = os.O_WRONLY | _O_TMPFILE | O_CLOEXEC
+
+
+def _host() -> str:
+    """8 hex digits naming this boot of this host and this PID namespace (``""``: unknown).
+
+    A temp file whose name carries our tag and a PID that does not run is an orphan for sure.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return hashlib.sha256(f"{boot}/{pidns}".encode()).hexdigest()[:8]
+
+
+HOST = _host()
+_TOKEN = secrets.token_hex(4)
+_SEQ = itertools.count()
+
+
+def temp_name(prefix: str = fmt.TEMP_PREFIX) -> str:
+    """``<prefix><host>-<pid>-<token>-<n>``: unique, and tells :func:`sweep_temps` its writer."""
+    return f"{prefix}{HOST or 'x'}-{os.getpid()}-{_TOKEN}-{next(_SEQ)}"
 
 
 class Publisher:
@@ -46,50 +72,40 @@ class Publisher:
     def __init__(self, anonymous: bool, fsync: bool) -> None:
         self.anonymous = anonymous
         self.fsync = fsync
-        self._token = secrets.token_hex(4)
-        self._seq = itertools.count()
 
-    def publish(self, d: str, path: str, bufs: list[Any], total: int) -> bool:
-        """Write ``bufs`` (``total`` bytes) into shard directory ``d`` and publish as ``path``.
+    def publish(self, dfd: int, key: str, bufs: list[Any], total: int, tmp_dfd: int) -> bool:
+        """Write ``bufs`` (``total`` bytes) and publish them as ``key`` in directory ``dfd``.
 
-        Returns ``False`` when another writer published ``path`` first (its page is kept; the
-        caller reports the key as present). Raises ``OSError`` on failure, after removing any
-        temp file: the final name never holds a partial page.
+        ``tmp_dfd``: the temp directory (``rename`` mode only). Returns ``False`` when another
+        writer published ``key`` first (its page is kept; the caller reports the key as
+        present). Raises ``OSError`` on failure (``ENOENT`` or ``EPERM`` in a directory removed
+        meanwhile: the caller checks it, opens it again and retries), after removing any temp
+        file: the final name never holds a partial page.
         """
         if self.anonymous:
-            fd = self._open(d, d, _ANON)
+            fd = os.open(".", _ANON, 0o644, dir_fd=dfd)
             try:
                 self._write(fd, bufs, total)
-                try:
-                    os.link(f"/proc/self/fd/{fd}", path, src_dir_fd=_ABSOLUTE)
+                try:  # the source is absolute: linkat(AT_SYMLINK_FOLLOW) of the open inode
+                    os.link(f"/proc/self/fd/{fd}", key, src_dir_fd=dfd, dst_dir_fd=dfd)
                 except FileExistsError:
                     return False
             finally:
                 os.close(fd)
             return True
-        tmp = f"{d}{fmt.TEMP_PREFIX}{self._token}-{os.getpid()}-{next(self._seq)}"
-        fd = self._open(d, tmp, _CREATE)
+        tmp = temp_name()
+        fd = os.open(tmp, _CREATE, 0o644, dir_fd=tmp_dfd)
         try:
             try:
                 self._write(fd, bufs, total)
             finally:
                 os.close(fd)
-            os.rename(tmp, path)
+            os.rename(tmp, key, src_dir_fd=tmp_dfd, dst_dir_fd=dfd)  # replaces a symlink, never follows
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=tmp_dfd)
             raise
         return True
-
-    def _open(self, d: str, target: str, flags: int) -> int:
-        for attempt in range(3):  # the shard may be missing, or removed by a racing clear
-            try:
-                return os.open(target, flags, 0o644)
-            except FileNotFoundError:
-                if attempt == 2:
-                    raise
-                self.makedirs(d)
-        raise AssertionError("unreachable")  # pragma: no cover
 
     def _write(self, fd: int, bufs: list[Any], total: int) -> None:
         n = os.writev(fd, bufs)
@@ -97,13 +113,6 @@ class Publisher:
             _write_rest(fd, bufs, n, total)
         if self.fsync:
             os.fsync(fd)
-
-    def makedirs(self, d: str) -> None:
-        leaf = d.rstrip("/")
-        os.makedirs(leaf, exist_ok=True)
-        if self.fsync:  # make the new directory entries durable too
-            fsync_dir(os.path.dirname(leaf))
-            fsync_dir(os.path.dirname(os.path.dirname(leaf)))
 
 
 def _write_rest(fd: int, bufs: list[Any], done: int, total: int) -> None:
@@ -121,20 +130,17 @@ def _write_rest(fd: int, bufs: list[Any], done: int, total: int) -> None:
             rest = rest[n:]
 
 
-def fsync_dir(d: str) -> None:
-    fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def open_root(root: str, fsync: bool, mode: str = "auto") -> Publisher:
+def open_root(
+    root: str, fsync: bool, mode: str = "auto", temp_max_age_s: float = 3600.0
+) -> tuple[DirTree, Publisher, int]:
     """Create ``root`` if needed, check it is a writable directory, stamp/check the format.
 
-    Returns the :class:`Publisher` for it. ``mode`` ``"auto"``: ``O_TMPFILE`` when a probe
-    file can be created and linked that way, else temp file + rename; ``"tmpfile"``: require
-    it; ``"rename"``: never use it. Raises :class:`FileRootError`.
+    ``root`` may be (or pass through) a symlink: it is resolved here, once, and held open as
+    a directory fd; nothing below it is ever followed. Returns the :class:`DirTree`, the
+    :class:`Publisher` and the number of orphan temp files removed (:func:`sweep_temps`).
+    ``mode`` ``"auto"``: ``O_TMPFILE`` when a probe file can be created and linked that way,
+    else temp file + rename; ``"tmpfile"``: require it; ``"rename"``: never use it. Raises
+    :class:`FileRootError`.
     """
     fix = (
         "set options.root to a writable directory (for example "
@@ -147,38 +153,64 @@ def open_root(root: str, fsync: bool, mode: str = "auto") -> Publisher:
             f"file backend root {root!r} cannot be created: [Errno {err.errno}] "
             f"{err.strerror or err} ({err.filename or root}); {fix}"
         ) from None
-    if not os.path.isdir(root):
-        raise FileRootError(f"file backend root {root!r} exists but is not a directory; {fix}")
-    probe = os.path.join(root, f"{fmt.TEMP_PREFIX}probe-{os.getpid()}-{secrets.token_hex(4)}")
+    real = os.path.realpath(root)
     try:
-        fd = os.open(probe, _CREATE, 0o644)
-        os.close(fd)
-        os.unlink(probe)
+        tree = DirTree(real, fsync)
+    except NotADirectoryError:
+        raise FileRootError(f"file backend root {root!r} exists but is not a directory; {fix}") from None
+    except OSError as err:
+        raise FileRootError(
+            f"file backend root {root!r} cannot be opened: [Errno {err.errno}] {err.strerror or err}; {fix}"
+        ) from None
+    try:
+        publisher, removed = _setup(tree, root, fsync, mode, temp_max_age_s, fix)
+    except BaseException:
+        tree.close()
+        raise
+    return tree, publisher, removed
+
+
+def _setup(
+    tree: DirTree, root: str, fsync: bool, mode: str, temp_max_age_s: float, fix: str
+) -> tuple[Publisher, int]:
+    rfd = tree.top.fd
+    probe = temp_name()
+    try:
+        os.close(os.open(probe, _CREATE, 0o644, dir_fd=rfd))
+        os.unlink(probe, dir_fd=rfd)
     except OSError as err:
         raise FileRootError(
             f"file backend root {root!r} is not writable: [Errno {err.errno}] {err.strerror or err}; {fix}"
         ) from None
-    _check_marker(root)
-    anonymous = mode != "rename" and _anonymous_works(root, probe)
+    _check_marker(tree, root, fsync)
+    anonymous = mode != "rename" and _anonymous_works(rfd)
     if mode == "tmpfile" and not anonymous:
         raise FileRootError(
             f"file backend root {root!r} does not support O_TMPFILE + linkat through /proc "
             '(needs Linux, /proc and ext4/xfs/btrfs/tmpfs); set options.publish to "auto" or "rename"'
         )
-    return Publisher(anonymous, fsync)
+    if not anonymous:
+        try:
+            tree.refresh(tree.tmp, True)
+        except OSError as err:
+            raise FileRootError(
+                f"file backend root {root!r}: cannot use {err.filename}: {err.strerror}"
+            ) from None
+    return Publisher(anonymous, fsync), sweep_temps(tree, temp_max_age_s)
 
 
-def _anonymous_works(root: str, probe: str) -> bool:
+def _anonymous_works(rfd: int) -> bool:
     if not _O_TMPFILE:
         return False
     try:
-        fd = os.open(root, _ANON, 0o644)
+        fd = os.open(".", _ANON, 0o644, dir_fd=rfd)
     except OSError:
         return False  # EOPNOTSUPP / EISDIR / EINVAL: the filesystem has no O_TMPFILE
+    probe = temp_name()
     try:
         os.write(fd, b"x")
-        os.link(f"/proc/self/fd/{fd}", probe, src_dir_fd=_ABSOLUTE)
-        os.unlink(probe)
+        os.link(f"/proc/self/fd/{fd}", probe, src_dir_fd=rfd, dst_dir_fd=rfd)
+        os.unlink(probe, dir_fd=rfd)
         return True
     except OSError:
         return False  # no /proc, or linkat refused
@@ -186,23 +218,98 @@ def _anonymous_works(root: str, probe: str) -> bool:
         os.close(fd)
 
 
-def _check_marker(root: str) -> None:
-    marker = os.path.join(root, fmt.MARKER_NAME)
+def sweep_temps(tree: DirTree, max_age_s: float) -> int:
+    """Remove orphan temp files; return how many.
+
+    Looked at: the ``.hicache-tmp`` directory (``rename`` mode's temp files) and the root
+    itself (format-marker temps and probes of an interrupted open). A temp file is an orphan
+    when its name says it was made on this host and PID namespace by a process that no longer
+    runs, or when it is older than ``max_age_s`` (a writer on another host, or a name from an
+    older hicache-file). Temp files that older versions left in shard directories are swept by
+    the ``max_bytes`` scan and by clearing their namespace. Only entries of these two
+    directories are unlinked (``unlinkat`` never follows a symlink).
+    """
+    cutoff = time.time_ns() - int(max_age_s * 1e9)
+    removed = 0
+    rfd = tree.top.fd
+    removed += _sweep_dir(rfd, (fmt.TEMP_PREFIX, fmt.MARKER_NAME + "."), cutoff)
     try:
-        with open(marker, encoding="utf-8") as f:
-            info = json.load(f)
+        tfd = tree.refresh(tree.tmp, False)
+    except OSError:
+        return removed  # a symlink or a file in its place: never followed (writes will say so)
+    if tfd >= 0:
+        removed += _sweep_dir(tfd, (fmt.TEMP_PREFIX,), cutoff)
+    return removed
+
+
+def _sweep_dir(dfd: int, prefixes: tuple[str, ...], cutoff_ns: int) -> int:
+    removed = 0
+    try:
+        with os.scandir(dfd) as it:
+            entries = [e for e in it if e.name.startswith(prefixes)]
+    except OSError:
+        return 0
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            continue
+        rest = e.name[len(next(p for p in prefixes if e.name.startswith(p))) :]
+        if st.st_mtime_ns >= cutoff_ns and not _writer_gone(rest):
+            continue
+        try:
+            os.unlink(e.name, dir_fd=dfd)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _writer_gone(rest: str) -> bool:
+    """``rest`` is ``<host>-<pid>-...``: made here by a process that no longer runs."""
+    host, _, tail = rest.partition("-")
+    pid = tail.partition("-")[0]
+    if not HOST or host != HOST or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: it runs (as another user)
+        return False
+    return False
+
+
+def _check_marker(tree: DirTree, root: str, fsync: bool) -> None:
+    rfd = tree.top.fd
+    try:
+        fd = os.open(fmt.MARKER_NAME, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC, dir_fd=rfd)
     except FileNotFoundError:
         info = None
-    except (OSError, ValueError) as err:
+    except OSError as err:
+        err = describe(err, f"{tree.root}/{fmt.MARKER_NAME}")
         raise FileRootError(
             f"file backend root {root!r}: cannot read {fmt.MARKER_NAME}: {err}; delete that file "
             "or use another root"
         ) from None
+    else:
+        try:
+            with open(fd, encoding="utf-8", closefd=True) as f:
+                info = json.load(f)
+        except (OSError, ValueError) as err:
+            raise FileRootError(
+                f"file backend root {root!r}: cannot read {fmt.MARKER_NAME}: {err}; delete that file "
+                "or use another root"
+            ) from None
     if info is None:
         # A root without the marker must be empty (or hold only our temp files): never adopt a
         # directory with other content, whose files LRU eviction or clear could then touch.
-        with os.scandir(root) as it:
-            foreign = sorted(e.name for e in it if not e.name.startswith((fmt.TEMP_PREFIX, fmt.MARKER_NAME)))
+        with os.scandir(rfd) as it:
+            foreign = sorted(
+                e.name for e in it if not e.name.startswith((fmt.TEMP_PREFIX, fmt.MARKER_NAME, fmt.TEMP_DIR))
+            )
         if foreign:
             shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
             raise FileRootError(
@@ -210,10 +317,7 @@ def _check_marker(root: str) -> None:
                 "so it was not created by hicache-file; set options.root to an empty or dedicated "
                 "directory (it is created if missing)"
             )
-        tmp = f"{marker}.{os.getpid()}-{secrets.token_hex(4)}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"format": fmt.FORMAT_VERSION, "layout": fmt.LAYOUT, "checksum": "xxh3_64"}, f)
-        os.replace(tmp, marker)
+        _write_marker(rfd, root, fsync)
         return
     version = info.get("format") if isinstance(info, dict) else None
     if version == fmt.FORMAT_VERSION and info.get("layout") != fmt.LAYOUT:
@@ -235,3 +339,34 @@ def _check_marker(root: str) -> None:
             + "; point options.root at another directory, or delete this one (its pages are a "
             "cache: the engine recomputes what is missing)"
         )
+
+
+def _write_marker(rfd: int, root: str, fsync: bool) -> None:
+    """Write the marker through a temp file renamed over it; a failure (a full disk) leaves
+    nothing behind and raises :class:`FileRootError`."""
+    data = json.dumps({"format": fmt.FORMAT_VERSION, "layout": fmt.LAYOUT, "checksum": "xxh3_64"}).encode()
+    tmp = temp_name(fmt.MARKER_NAME + ".")
+    try:
+        fd = os.open(tmp, _CREATE, 0o644, dir_fd=rfd)
+        try:
+            try:
+                with open(fd, "wb", buffering=0, closefd=False) as f:
+                    view = memoryview(data)
+                    while view:
+                        view = view[f.write(view) or 0 :]
+                if fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, fmt.MARKER_NAME, src_dir_fd=rfd, dst_dir_fd=rfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=rfd)
+            raise
+        if fsync:
+            os.fsync(rfd)
+    except OSError as err:
+        raise FileRootError(
+            f"file backend root {root!r}: cannot write {fmt.MARKER_NAME}: [Errno {err.errno}] "
+            f"{err.strerror or err}; free space on that filesystem or set options.root elsewhere"
+        ) from None
