@@ -166,10 +166,13 @@ def hicache_alloc_host_memory(nbytes: int) -> torch.Tensor | None:
 
 @hookspec(firstresult=True)
 def hicache_clear(namespace: str) -> int:
-    """Remove every stored object whose key starts with ``namespace``; return how many.
+    """Remove every stored object whose key starts with ``namespace + "."``; return how many.
 
-    Optional. Only this namespace is affected: other models, dtypes or ranks sharing the
-    same storage keep their data.
+    Optional. ``namespace`` is passed without the trailing dot (keys are
+    ``{namespace}.{pool}.{component}.{ranks}.{hash}``); match on ``namespace + "."`` so that a
+    namespace that is a string prefix of another keeps the other's data. Only this namespace is
+    affected: other models, dtypes or ranks sharing the same storage keep their data. Returns an
+    ``int`` >= 0; ``None`` is refused as a contract error.
     """
     raise NotImplementedError  # pragma: no cover - a specification, never called
 

@@ -4,15 +4,24 @@
    attach them (draft offload follows the backend's declared capability).
 2. Fill every pool with seeded random bytes; hash random token sequences into page-hash chains.
 3. For each of ``rounds`` rounds: write the raw baseline (file I/O on the backend's filesystem
-   when the backend has a ``root`` option, else memcpy), then back every request up through the
-   controller (async, ``io_threads`` in flight) under fresh keys. Interleaving the two and
-   keeping the best of each makes the ratio robust to a noisy, shared machine.
-4. Without a ``root`` option (memcpy baseline), time the baseline's reads here too.
+   when the backend has a path option, next to it; else memcpy), then back every request up
+   through the controller (async, ``io_threads`` in flight) under fresh keys. Interleaving the
+   two and keeping the best of each makes the ratio robust to a noisy, shared machine.
+4. Without a path option (memcpy baseline), time the baseline's reads here too.
 5. Verify in a FRESH process (``python -m hicache_core.bench.verify``): reopen, query,
    prefetch into zeroed pools ``rounds`` times, each after a timed raw read of the baseline files
    into the same views, and compare every byte with the seeded stream. Persistent backends
    are closed first; shared (not persistent) ones stay open meanwhile; backends that are
    neither are verified in-process through a second controller on the same store.
+6. Clean up whatever the bench created, whatever the options are called: the verifier clears
+   the bench's own (fresh) namespace through ``hicache_clear``; every path option the user did
+   not set (:func:`~hicache_core.plugin.registry.path_options`: ``Path``-typed or marked fields)
+   was given a fresh directory under one temporary directory, removed at the end with the raw
+   baseline's files.
+
+The config comes from :class:`BenchRequest`: ``config`` (a ``StorageConfig`` loaded by the CLI
+from ``--config`` / ``$HICACHE_CONFIG`` and ``HICACHE_*``) supplies the extensions and controller
+settings; ``backend`` / ``options`` the backend; the profile the model identity.
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import StorageConfig
+from ..errors import HiCacheError, OperationNotSupportedError
 from ..plugin import find_extensions, load_backend_class
+from ..plugin.registry import path_options, with_fresh_paths
 from ..transfer import CacheController, DraftOffloadDisabledWarning, TransferResult
 from ..types import HitPolicy
 from .baseline import Memcpy, RawFiles, component_views
@@ -62,6 +73,11 @@ class BenchRequest:
     seed: int | None = None
     rounds: int = 2
     progress: bool = True
+    config_source: str = "defaults"
+    """Where ``config`` came from, for the report (a file path, ``HICACHE_*``, or defaults)."""
+    config: StorageConfig | None = None
+    """Everything but the backend, its options and the model identity (controller settings,
+    extensions, ...): the ``StorageConfig`` of ``--config`` / ``$HICACHE_CONFIG`` / ``HICACHE_*``."""
 
 
 def _gbps(nbytes: int, seconds: float) -> float:
@@ -86,16 +102,92 @@ def _raw_dir(root: str, stack: ExitStack) -> str:
     raise OSError(f"hicache bench: cannot create a scratch directory for the raw baseline near {root}")
 
 
+def _storage_path(ctl: CacheController) -> str | None:
+    """The first path option of the opened store (where the backend keeps its files), if any."""
+    for name in path_options(type(ctl.store.options)):
+        value = getattr(ctl.store.options, name, None)
+        if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+            return os.fspath(value)
+    return None
+
+
 def _baseline(ctl: CacheController, views: list[Any], stack: ExitStack) -> RawFiles | Memcpy:
-    root = getattr(ctl.store.options, "root", None)
-    if isinstance(root, (str, os.PathLike)):
+    root = _storage_path(ctl)
+    if root is not None:
         fsync = bool(getattr(ctl.store.options, "fsync", False))
         # As many threads as hicache may use: the controller's, or the backend's own per batch.
         threads = max(ctl.settings.io_threads, int(getattr(ctl.store.options, "io_threads", 1) or 1))
-        raw = RawFiles(_raw_dir(os.fspath(root), stack), views, threads, fsync)
+        raw = RawFiles(_raw_dir(root, stack), views, threads, fsync)
         stack.callback(raw.remove)
         return raw
     return Memcpy(views)
+
+
+def _bench_config(
+    req: BenchRequest, profile: ModelProfile, options: dict[str, Any], metrics: bool
+) -> StorageConfig:
+    """The bench's config: ``req.config``'s settings, the backend and options, the profile's model
+    identity under a fresh model name (so a fresh key namespace, cleared at the end)."""
+    base = req.config.model_dump(exclude={"controller"}) if req.config is not None else {}
+    extensions = list(base.pop("extensions", []))
+    if metrics and "metrics" not in extensions:
+        extensions.append("metrics")
+    fields = {
+        **base,
+        "backend": req.backend,
+        "options": options,
+        "model_name": f"hicache-bench-{profile.name}-{secrets.token_hex(4)}",
+        "extensions": extensions,
+        "pp_rank": 0,
+        "pp_size": 1,
+        "attn_cp_rank": 0,
+        "attn_cp_size": 1,
+        **config_fields(profile),
+    }
+    if req.config is not None:
+        fields["controller"] = req.config.controller
+    return StorageConfig(**fields)
+
+
+def _cleanup(checked: dict[str, Any], created: list[str], all_temp: bool, namespace: str) -> dict[str, Any]:
+    """What the bench removed and whether anything of it may remain (``checked``: the verifier's
+    result; ``created``: the temporary paths; ``all_temp``: every path option was one of them)."""
+    cleared = checked.get("cleared")
+    why = checked.get("clear_error") or "the backend does not implement hicache_clear"
+    if isinstance(cleared, int):
+        note, left = f"cleared the bench's namespace ({cleared} objects)", False
+    elif all_temp:
+        note, left = f"did not clear the bench's namespace ({why}), but all its storage was temporary", False
+    else:
+        note, left = f"could NOT clear the bench's namespace {namespace!r}: {why}", True
+    if created:
+        note += f"; removed the temporary path(s) {', '.join(created)}"
+    return {
+        "namespace": namespace,
+        "cleared": cleared,
+        "temp_paths": created,
+        "left_behind": left,
+        "note": note,
+    }
+
+
+def _clear_fallback(ctl: CacheController, config: StorageConfig, cleared: dict[str, Any]) -> None:
+    """Clear the bench's namespace when the verifier did not (it failed, or the bench stopped
+    early); records the outcome in ``cleared``. Never raises: it runs while unwinding."""
+    if "cleared" in cleared or "clear_error" in cleared:
+        return
+    from ..plugin import open_store
+
+    try:
+        if not ctl.store.closed:
+            cleared["cleared"] = ctl.store.clear()
+        else:
+            with open_store(config) as store:
+                cleared["cleared"] = store.clear()
+    except OperationNotSupportedError:
+        cleared["cleared"] = None
+    except HiCacheError as err:
+        cleared["clear_error"] = f"{type(err).__name__}: {err}"
 
 
 def _child_verify(spec: VerifySpec) -> dict[str, Any]:
@@ -140,27 +232,24 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
     seed = req.seed if req.seed is not None else secrets.randbits(31)
     metrics_installed = req.metrics and "metrics" in find_extensions()
     with ExitStack() as stack:
-        options = req.options
-        temp_root = None
-        if options is None:
-            options = {}
-            if "root" in backend_cls.Options.model_fields:  # type: ignore[attr-defined]
-                # A filesystem backend (file): a fresh temporary root, removed afterwards.
-                temp_root = tempfile.mkdtemp(prefix="hicache-bench-")
-                stack.callback(shutil.rmtree, temp_root, True)
-                options = {"root": temp_root}
-        config = StorageConfig(
-            backend=req.backend,
-            options=options,
-            model_name=f"hicache-bench-{profile.name}-{secrets.token_hex(4)}",
-            extensions=["metrics"] if metrics_installed else [],
-            **config_fields(profile),
-        )
+        # Every path option the user left unset gets a fresh path in one temporary directory,
+        # removed at the end whatever the options are called (the bench leaves nothing behind).
+        wanted = path_options(backend_cls.Options)  # type: ignore[attr-defined]
+        options = dict(req.options or {})
+        created: list[str] = []
+        if any(options.get(name) is None for name in wanted):
+            workdir = tempfile.mkdtemp(prefix="hicache-bench-")
+            stack.callback(shutil.rmtree, workdir, True)
+            options = with_fresh_paths(backend_cls.Options, options, workdir)  # type: ignore[attr-defined]
+            created = [options[n] for n in wanted if (req.options or {}).get(n) is None]
+        config = _bench_config(req, profile, options, metrics_installed)
         group = build_pools(profile, req.pages, req.draft)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DraftOffloadDisabledWarning)
             ctl = CacheController(config, group)
         stack.callback(ctl.close)
+        cleared: dict[str, Any] = {}  # the verifier's clear, else the fallback's below
+        stack.callback(_clear_fallback, ctl, config, cleared)  # runs first: before ctl.close
         caps = ctl.store.capabilities
         reqs = requests(req.pages)
         pools = stored_pools(group, ctl.draft_enabled)
@@ -188,7 +277,7 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
             seed,
             rounds=req.rounds,
             progress=req.progress,
-            clear=temp_root is None,  # leave nothing behind in a store we did not create
+            clear=True,  # the bench's own namespace, wherever the backend keeps it
             raw_dir=base.directory if isinstance(base, RawFiles) else None,
             raw_threads=base.threads if isinstance(base, RawFiles) else 1,
         )
@@ -200,7 +289,9 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
         else:
             checked = verify(spec, store=ctl.store)
             checked["verify_process"] = "same process (the backend is neither persistent nor shared)"
-        ctl.close()
+        cleared.update((k, checked[k]) for k in ("cleared", "clear_error") if k in checked)
+    namespace = ctl.store.keys.scheme.namespace
+    cleanup = _cleanup(cleared, created, bool(wanted) and len(created) == len(wanted), namespace)
     problems.extend(checked.get("problems", []))
     if "error" in checked:
         problems.append(str(checked["error"]))
@@ -246,6 +337,8 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
             "reason": ctl.draft_io.reason if req.draft else "not requested (pass --draft)",
         },
         "seed": seed,
+        "config": req.config_source,
+        "cleanup": cleanup,
         "problems": problems[:20],
         "elapsed_s": time.perf_counter() - t_start,
     }
@@ -269,6 +362,7 @@ def _size(n: float) -> str:
 def render(report: dict[str, Any]) -> None:
     """Print the human-readable report (rich) on stdout."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console()
@@ -315,6 +409,10 @@ def render(report: dict[str, Any]) -> None:
         console.print("[red]NOT verified[/red]:")
         for p in report["problems"] or ["(no detail)"]:
             console.print(f"  - {p}", markup=False)
+    cleanup = report.get("cleanup") or {}
+    if cleanup.get("note"):
+        style = "yellow" if cleanup.get("left_behind") else "dim"
+        console.print(f"[{style}]clean-up: {escape(cleanup['note'])}[/{style}]")
     metrics = report.get("metrics")
     if metrics is not None:
         if metrics["installed"]:

@@ -142,6 +142,8 @@ def verify(spec: VerifySpec, store: Store | None = None) -> dict[str, Any]:
                 result["cleared"] = ctl.clear()
             except OperationNotSupportedError:
                 result["cleared"] = None
+            except HiCacheError as err:  # e.g. a hicache_clear that returns None
+                result["clear_error"] = f"{type(err).__name__}: {err}"
         return result
     finally:
         ctl.close()

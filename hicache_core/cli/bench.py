@@ -25,12 +25,21 @@ _MODEL_HELP = (
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="file", metavar="NAME", help="backend name (default: file)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="hicache config file (.toml/.yaml/.json; default $HICACHE_CONFIG), read like every other "
+        "entry point: the file, then HICACHE_* variables, then --backend/--options. The model identity "
+        "(name, dtype, ranks, layout) comes from --model",
+    )
+    parser.add_argument(
+        "--backend", default=None, metavar="NAME", help="backend name (default: the config's, else file)"
+    )
     parser.add_argument(
         "--options",
         metavar="JSON|@FILE",
-        help="backend options as JSON, or @path to a .json/.toml/.yaml file "
-        "(default for file: a fresh temporary root, removed afterwards)",
+        help="backend options as JSON, or @path to a .json/.toml/.yaml file, merged over the config's. "
+        "Every path option left unset gets a fresh temporary path, removed afterwards",
     )
     parser.add_argument("--model", default="llama3-8b", choices=_MODELS, metavar="PROFILE", help=_MODEL_HELP)
     parser.add_argument(
@@ -83,13 +92,42 @@ def parse_options(text: str | None) -> dict[str, Any] | None:
     return value
 
 
+def load_bench_config(args: argparse.Namespace) -> tuple[Any, str]:
+    """The ``StorageConfig`` of ``--config`` / ``$HICACHE_CONFIG``, ``HICACHE_*`` variables and
+    ``--backend`` / ``--options`` (merged over the config's options, unless ``--backend`` names
+    another backend than the config's), and where it came from."""
+    import os
+
+    from ..config import ENV_PREFIX, load_config
+    from ..env import CONFIG_VARS
+
+    overrides: dict[str, Any] = {}
+    if args.backend:
+        overrides["backend"] = args.backend
+    options = parse_options(args.options)
+    config = load_config(args.config)
+    if args.backend and args.backend != config.backend:
+        overrides["options"] = {}  # the config's options belong to another backend
+    if options is not None:
+        overrides["options"] = {**overrides.get("options", config.options), **options}
+    if overrides:
+        config = load_config(args.config, **overrides)
+    file = args.config or os.environ.get(ENV_PREFIX + "CONFIG") or None
+    env = [v.name for v in CONFIG_VARS if v.name in os.environ]
+    sources = [f"file {file}"] if file else []
+    sources += ["HICACHE_* environment"] if env else []
+    sources += ["command line"] if overrides else []
+    return config, " + ".join(sources) or "defaults"
+
+
 def run(args: argparse.Namespace) -> int:
     from ..bench import BenchRequest, render, run_bench
 
+    config, source = load_bench_config(args)
     report = run_bench(
         BenchRequest(
-            backend=args.backend,
-            options=parse_options(args.options),
+            backend=config.backend,
+            options=dict(config.options),
             model=args.model,
             draft=args.draft,
             pages=args.pages,
@@ -97,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             rounds=args.repeat,
             progress=not args.json,
+            config=config,
+            config_source=source,
         )
     )
     if args.json:

@@ -1,10 +1,13 @@
-"""``hicache check NAME [--options JSON|@file] [-- extra pytest args]``: certify a backend.
+"""``hicache check NAME [--options JSON|@file] [--json FILE] [--junitxml FILE] [-- pytest args]``.
 
 Resolves the backend first (an unknown or unavailable backend is reported with the core's
 message, no traceback), validates the options, then runs the conformance suite in-process with
 ``pytest.main`` (``--pyargs hicache_core.testing --hicache-backend NAME``) and prints a summary
-table per test group with the skip reasons. Exit code 0 only when no test failed or errored.
-pytest and rich are imported only when the command runs.
+table per test group with the skip reasons. A backend class that breaks the contract (a bad
+``Options`` model, a misspelled hook, ...) is not refused here: the suite runs and reports the
+defect as failing tests. ``--json FILE`` writes the result as one JSON object (also when the
+backend cannot be resolved), ``--junitxml FILE`` pytest's JUnit XML. Exit code 0 only when no
+test failed or errored. pytest and rich are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import BackendUnavailableError, HiCacheError, OptionsError
+from ..errors import BackendContractError, BackendUnavailableError, HiCacheError, OptionsError
 
-__all__ = ["GroupSummary", "add_arguments", "run", "summarize"]
+__all__ = ["JSON_SCHEMA", "GroupSummary", "add_arguments", "report", "run", "summarize"]
+
+JSON_SCHEMA = "hicache-check/1"
+"""The ``schema`` field of ``hicache check --json``: bumped when a field changes meaning."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +36,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="JSON|@FILE",
         help="backend options: a JSON object or @path to a JSON/TOML/YAML file "
-        "(a 'root' option, when the backend has one, defaults to a fresh temp dir per test)",
+        "(every path option left unset gets a fresh temporary path per test)",
     )
+    parser.add_argument(
+        "--json",
+        metavar="FILE",
+        default=None,
+        help=f"write the result as JSON to FILE (schema {JSON_SCHEMA!r}: verdict, totals, groups, tests)",
+    )
+    parser.add_argument("--junitxml", metavar="FILE", default=None, help="write pytest's JUnit XML report")
     parser.add_argument("-q", "--quiet", action="store_true", help="hide pytest's progress output")
     parser.epilog = "Arguments after `--` go to pytest, e.g. `hicache check file -- -k v1 -x`."
 
@@ -86,10 +99,14 @@ def _text(longrepr: Any) -> str:
 
 
 def _crash(longrepr: Any) -> str:
-    """The first line of a failure's exception message, shortened."""
+    """The first line of a failure's exception message (whole: ``--json`` keeps it, the table
+    shortens it)."""
     message = getattr(getattr(longrepr, "reprcrash", None), "message", None) or _text(longrepr)
-    first = message.strip().splitlines()[0] if message.strip() else ""
-    return first if len(first) <= 160 else first[:157] + "..."
+    return message.strip().splitlines()[0] if message.strip() else ""
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _skip_reason(longrepr: Any) -> str:
@@ -157,19 +174,36 @@ def _pytest_args(
 
 
 def run(args: argparse.Namespace) -> int:
+    json_path: str | None = getattr(args, "json", None)
+    try:
+        return _run(args, json_path)
+    except HiCacheError as err:  # resolved before the suite runs: still a machine-readable result
+        if json_path:
+            _write_json(json_path, {"schema": JSON_SCHEMA, "backend": args.name, "verdict": "error",
+                                    "error": f"{type(err).__name__}: {err}", "exit_code": 2})  # fmt: skip
+        raise
+
+
+def _run(args: argparse.Namespace, json_path: str | None) -> int:
     from ..plugin import availability, load_backend_class, validate_options
     from ..testing import parse_options
 
     name: str = args.name
-    cls = load_backend_class(name)  # BackendNotFoundError lists the installed backends
-    reason = availability(cls)
-    if reason is not None:
-        raise BackendUnavailableError(f"backend {name!r} cannot run here: {reason}")
+    contract_error: str | None = None
+    try:
+        cls = load_backend_class(name)  # BackendNotFoundError lists the installed backends
+    except BackendContractError as err:  # the suite reports it, as failing tests that name it
+        contract_error = str(err)
+    else:
+        reason = availability(cls)
+        if reason is not None:
+            raise BackendUnavailableError(f"backend {name!r} cannot run here: {reason}")
     try:
         options = parse_options(args.options)
     except ValueError as err:
         raise OptionsError(f"--options: {err}") from None
-    validate_options(cls, name, options)
+    if contract_error is None:
+        validate_options(cls, name, options)
 
     try:
         import pytest
@@ -181,20 +215,92 @@ def run(args: argparse.Namespace) -> int:
 
     collector = _Collector()
     extra = list(getattr(args, "passthrough", []) or [])
+    if getattr(args, "junitxml", None):
+        extra = [f"--junitxml={os.path.abspath(args.junitxml)}", *extra]
     with tempfile.TemporaryDirectory(prefix="hicache-check-") as tmp:
-        code = pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
+        code = int(
+            pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
+        )
     summary = summarize(collector.outcomes)
-    _print(name, summary, collector.collect_errors)
+    _print(name, summary, collector.collect_errors, contract_error)
     failed = sum(g.failed for g in summary.values()) + len(collector.collect_errors)
+    exit_code = 1 if failed else code
+    if json_path:
+        _write_json(json_path, report(name, options, summary, collector, code, exit_code, contract_error))
     if failed:
         return 1
-    if int(code) != 0:
-        print(f"hicache check: pytest exited with code {int(code)} (no test failed; see its output above)")
-        return int(code)
-    return 0
+    if code != 0:
+        print(f"hicache check: pytest exited with code {code} (no test failed; see its output above)")
+    return code
 
 
-def _print(name: str, summary: dict[str, GroupSummary], collect_errors: list[str]) -> None:
+def report(
+    name: str,
+    options: Mapping[str, Any],
+    summary: Mapping[str, GroupSummary],
+    collector: _Collector,
+    pytest_code: int,
+    exit_code: int,
+    contract_error: str | None = None,
+) -> dict[str, Any]:
+    """The ``--json`` document: verdict, totals, per-group counts and every test's outcome."""
+    from ..plugin import find_backends
+    from ..testing import group_of
+
+    info = find_backends().get(name)
+    totals = {
+        k: sum(getattr(g, k) for g in summary.values()) for k in ("passed", "failed", "skipped", "xfailed")
+    }
+    failed = totals["failed"] + len(collector.collect_errors)
+    return {
+        "schema": JSON_SCHEMA,
+        "backend": name,
+        "distribution": info.distribution if info else None,
+        "version": info.version if info else None,
+        "option_names": sorted(options),  # names only: values may hold credentials
+        "verdict": "failed" if failed else ("passed" if exit_code == 0 else "error"),
+        "exit_code": exit_code,
+        "pytest_exit_code": pytest_code,
+        "contract_error": contract_error,
+        "totals": totals,
+        "groups": {
+            group: {
+                "passed": g.passed,
+                "failed": g.failed,
+                "skipped": g.skipped,
+                "xfailed": g.xfailed,
+                "skip_reasons": dict(g.reasons),
+                "failures": list(g.failures),
+            }
+            for group, g in summary.items()
+        },
+        "tests": [
+            {
+                "test": nodeid.rsplit("::", 1)[-1],
+                "group": group_of(nodeid),
+                "outcome": outcome,
+                "detail": detail,
+            }
+            for nodeid, (outcome, detail) in collector.outcomes.items()
+        ],
+        "collection_errors": list(collector.collect_errors),
+    }
+
+
+def _write_json(path: str, data: Mapping[str, Any]) -> None:
+    target = Path(path).expanduser()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=2, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as err:
+        raise HiCacheError(f"--json: cannot write {target}: {err.strerror or err}") from None
+
+
+def _print(
+    name: str, summary: dict[str, GroupSummary], collect_errors: list[str], contract_error: str | None = None
+) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -207,7 +313,7 @@ def _print(name: str, summary: dict[str, GroupSummary], collect_errors: list[str
     table.add_column("notes (skip reasons, failing tests)", overflow="fold")
     totals = GroupSummary()
     for group, g in summary.items():
-        notes = [f"FAILED {t}" for t in g.failures]
+        notes = [f"FAILED {_short(t)}" for t in g.failures]
         notes += [f"{r} (x{n})" if n > 1 else r for r, n in g.reasons.items()]
         if not (g.passed or g.failed or g.skipped or g.xfailed):
             notes = [f"(not run) {GROUPS.get(group, '')}"]
@@ -230,6 +336,8 @@ def _print(name: str, summary: dict[str, GroupSummary], collect_errors: list[str
     console.print(table)
     for err in collect_errors:
         console.print(f"[red]collection error:[/red] {escape(err)}")
+    if contract_error:
+        console.print(f"[red]the backend breaks the contract when loaded:[/red] {escape(contract_error)}")
     verdict = "[red]FAILED[/red]" if totals.failed or collect_errors else "[green]PASSED[/green]"
     console.print(
         f"backend {name!r}: {verdict} - {totals.passed} passed, {totals.failed} failed, "

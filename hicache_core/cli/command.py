@@ -2,12 +2,14 @@
 
 Each verb lives in its own module (``cli/<verb>.py``) exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; it is imported only when used, so ``hicache backends`` stays fast.
-hicache errors are printed as one paragraph (no traceback) with exit code 2.
+hicache errors are printed as one paragraph (no traceback) with exit code 2; a reader that closes
+the pipe early (``hicache backends --json | head``) ends the command quietly with code 141.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -42,12 +44,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.passthrough = extra
     try:
         code: int = import_module(f"hicache_core.cli.{args.verb}").run(args)
+        sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's exit
     except HiCacheError as err:
         print(f"hicache {args.verb}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `hicache backends --json | head`: the reader left, we stop quietly
+        _silence_stdout()
+        return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
     return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot raise again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # pragma: no cover - stdout is not a real file
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

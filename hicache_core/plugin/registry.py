@@ -22,6 +22,7 @@ from ..types import Capabilities
 __all__ = [
     "BACKENDS_GROUP",
     "EXTENSIONS_GROUP",
+    "LEGACY_PATH_OPTIONS",
     "PluginInfo",
     "backend_names",
     "clear_caches",
@@ -30,7 +31,9 @@ __all__ = [
     "find_extensions",
     "load_backend_class",
     "load_extension_class",
+    "path_options",
     "validate_backend_class",
+    "with_fresh_paths",
 ]
 
 BACKENDS_GROUP = "hicache.backends"
@@ -128,6 +131,18 @@ def backend_names(environ: Mapping[str, str] | None = None) -> list[str]:
     return list(find_backends(environ))
 
 
+# Backends of this project, by entry-point name: the only names an install hint may quote,
+# and only when the user typed exactly that name (a near miss is a typo, never an install).
+_PROJECT_DISTRIBUTIONS = {
+    "file": "hicache-file",
+    "mooncake": "hicache-mooncake",
+    "hf3fs": "hicache-hf3fs-stub",
+    "eic": "hicache-hf3fs-stub",
+    "simm": "hicache-hf3fs-stub",
+    "nixl": "hicache-nixl",
+}
+
+
 def _not_found(
     kind: str, name: str, group: str, available: list[str], hidden: set[str]
 ) -> BackendNotFoundError:
@@ -140,11 +155,22 @@ def _not_found(
     import difflib  # only an error path needs it
 
     close = difflib.get_close_matches(name, available, n=1, cutoff=0.6)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    installed = f"Installed {kind}s: {', '.join(available) or '(none)'}."
+    if close:  # a typo: fixing the name is the answer, never installing a look-alike
+        return BackendNotFoundError(
+            f"no hicache {kind} named {name!r}. Did you mean {close[0]!r}? {installed} "
+            "Fix the name in your config or command line."
+        )
+    known = _PROJECT_DISTRIBUTIONS.get(name) if group == BACKENDS_GROUP else None
+    how = (
+        f"the {name!r} backend ships in the distribution {known!r} (`pip install {known}`)"
+        if known
+        else "install the distribution that provides it (its documentation names it; check who "
+        "publishes a package before installing it)"
+    )
     return BackendNotFoundError(
-        f"no hicache {kind} named {name!r}.{hint} Installed {kind}s: {', '.join(available) or '(none)'}. "
-        f"A {kind} is a distribution declaring an entry point in group {group!r}; install one "
-        f"(for example `pip install hicache-{name}`) or fix the name in your config."
+        f"no hicache {kind} named {name!r}. {installed} A {kind} is a distribution declaring an "
+        f"entry point in group {group!r}: {how}, or fix the name in your config."
     )
 
 
@@ -172,16 +198,23 @@ def _import(info: PluginInfo, kind: str) -> Any:
     try:
         return EntryPoint(info.name, info.value, info.group).load()
     except ModuleNotFoundError as err:
-        missing = err.name or str(err)
-        raise BackendUnavailableError(
-            f"{kind} {info.origin} failed to import: module {missing!r} is missing. "
-            f"Install it (for example `pip install {missing.split('.')[0]}`) or reinstall "
-            f"{info.distribution} with its dependencies (`pip install --force-reinstall {info.distribution}`)."
-        ) from err
+        raise _missing_module(info, kind, err) from err
     except ImportError as err:
         raise BackendUnavailableError(
             f"{kind} {info.origin} failed to import: {err}. Check that its native dependencies are "
-            f"installed, then reinstall {info.distribution}."
+            f"installed, then reinstall {info.distribution} the way you installed it."
+        ) from err
+    except AttributeError as err:
+        module, _, attr = info.value.partition(":")
+        loaded = sys.modules.get(module.strip())
+        if loaded is None or hasattr(loaded, attr.strip().split(".")[0]):  # raised by the module's code
+            raise BackendContractError(
+                f"{kind} {info.origin} raised AttributeError while importing: {err}"
+            ) from err
+        raise BackendContractError(
+            f"{kind} {info.origin}: module {module.strip()!r} has no attribute {attr.strip()!r}; "
+            "fix the entry point's value (`module:Class`) in the distribution's pyproject.toml and "
+            "reinstall it"
         ) from err
     except Exception as err:
         raise BackendContractError(
@@ -189,9 +222,134 @@ def _import(info: PluginInfo, kind: str) -> Any:
         ) from err
 
 
-def load_backend_class(name: str, environ: Mapping[str, str] | None = None) -> type:
-    """Import, validate and return the backend class for ``name`` (cached)."""
+def _missing_module(info: PluginInfo, kind: str, err: ModuleNotFoundError) -> Exception:
+    """Why an entry point's import found no module, without ever sending the user to install a
+    name they did not type: a typo in the entry point or its ``module.Class`` form is the
+    distribution's bug; a module missing from an installed distribution is a version or
+    installation problem; a missing dependency is installed by reinstalling the plugin."""
+    missing = err.name or str(err)
+    module, colon, _ = (part.strip() for part in info.value.partition(":"))
+    fix = (
+        f"fix the value of entry point {info.name!r} in group {info.group!r} of {info.distribution} "
+        "(its pyproject.toml) and reinstall it"
+    )
+    if missing == module or module.startswith(missing + "."):  # the entry point's own module
+        parent, _, last = module.rpartition(".")
+        if not colon and parent and _has_attr(parent, last):
+            return BackendContractError(
+                f"{kind} {info.origin}: the entry point must name the class as 'module:Class' "
+                f"(with a colon), not 'module.Class': write {f'{parent}:{last}'!r}; {fix}"
+            )
+        hint = _module_hint(missing, info.distribution)
+        return BackendContractError(
+            f"{kind} {info.origin}: the entry point names module {missing!r}, which does not exist"
+            f"{hint}; {fix}"
+        )
+    top = missing.split(".")[0]
+    owners = sorted(set(_packages_distributions().get(top, [])))
+    if owners:
+        return BackendUnavailableError(
+            f"{kind} {info.origin} failed to import: module {missing!r} is missing, but package "
+            f"{top!r} is installed (distribution {', '.join(owners)}): that version has no such "
+            f"module, or the installation is broken. Check that the installed version is one "
+            f"{info.distribution} supports (its declared requirements)."
+        )
+    declared = _declared_requirement(info.distribution, top)
+    if declared is not None:
+        how = (
+            f"{info.distribution} declares it as the requirement {declared!r} but it is not "
+            f"installed: reinstall {info.distribution} the way you installed it (for example "
+            "`pip install -e <its folder>`), so that pip installs its dependencies"
+        )
+    else:
+        how = (
+            f"{info.distribution} does not declare the distribution that provides it (an import "
+            "name is not always a distribution name): see the plugin's documentation for what to "
+            "install, and report the missing dependency to its authors"
+        )
+    return BackendUnavailableError(
+        f"{kind} {info.origin} failed to import: module {missing!r} is missing; {how}."
+    )
+
+
+def _has_attr(module: str, attr: str) -> bool:
+    from importlib import import_module
+
+    try:
+        return hasattr(import_module(module), attr)
+    except Exception:
+        return False
+
+
+def _packages_distributions() -> Mapping[str, list[str]]:
+    from importlib.metadata import packages_distributions
+
+    try:
+        return packages_distributions()
+    except Exception:  # pragma: no cover - a broken dist-info somewhere on sys.path
+        return {}
+
+
+def _distribution(name: str) -> Any:
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    try:
+        return distribution(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _normalise(name: str) -> str:
+    import re
+
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _declared_requirement(dist_name: str, module: str) -> str | None:
+    """The requirement of ``dist_name`` whose project name matches import name ``module``."""
+    import re
+
+    dist = _distribution(dist_name)
+    requires: list[str] = (dist.requires if dist is not None else None) or []
+    for req in requires:
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+        if m and _normalise(m[1]) == _normalise(module):
+            return req.split(";")[0].strip()
+    return None
+
+
+def _module_hint(missing: str, dist_name: str) -> str:
+    """``"; did you mean 'x'?"`` from the distribution's own modules (or importable ones)."""
+    import difflib
+
+    dist = _distribution(dist_name)
+    names: set[str] = set()
+    for f in (dist.files if dist is not None else None) or []:
+        parts = f.parts
+        if parts and not parts[0].endswith((".dist-info", ".egg-info", "..")) and parts[0] != "__pycache__":
+            stem = ".".join(parts).removesuffix(".py").removesuffix(".__init__")
+            if f.suffix == ".py" and not stem.startswith("__editable__"):
+                names.add(stem)
+    top = (dist.read_text("top_level.txt") if dist is not None else None) or ""
+    names.update(n.strip() for n in top.splitlines() if n.strip())
+    if not names:
+        import pkgutil
+
+        names = {m.name for m in pkgutil.iter_modules()}
+    close = difflib.get_close_matches(missing, sorted(names), n=1, cutoff=0.6)
+    where = f" in {dist_name}" if dist is not None and dist.files else ""
+    return f" (did you mean {close[0]!r}{where}?)" if close else ""
+
+
+def load_backend_class(name: str, environ: Mapping[str, str] | None = None, *, validate: bool = True) -> type:
+    """Import, validate and return the backend class for ``name`` (cached).
+
+    ``validate=False`` returns what the entry point names without checking the contract (the
+    conformance suite uses it to report a defect as the failing test that names it).
+    """
     info = _resolve("backend", name, BACKENDS_GROUP, environ)
+    if not validate:
+        return _import(info, "backend")  # type: ignore[no-any-return]
     key = (info.name, info.value, info.distribution)
     with _cache_lock:
         cached = _cache.get(key)
@@ -266,6 +424,13 @@ def _check_hooks(cls: type, origin: str, required: tuple[str, ...]) -> list[str]
 
 def validate_backend_class(cls: Any, origin: str = "backend") -> None:
     """Refuse a backend class that breaks the contract, naming the plugin and the problem."""
+    if inspect.ismodule(cls):
+        found = [n for n, v in vars(cls).items() if inspect.isclass(v) and hasattr(v, "capabilities")]
+        hint = f"; for example {cls.__name__}:{found[0]}" if found else ""
+        raise BackendContractError(
+            f"{origin}: the entry point names module {cls.__name__!r}, not a class; its value must "
+            f"be 'module:Class'{hint}"
+        )
     if not inspect.isclass(cls):
         raise BackendContractError(f"{origin}: the entry point must name a class, got {type(cls).__name__}")
     options = getattr(cls, "Options", None)
@@ -308,6 +473,76 @@ def validate_backend_class(cls: Any, origin: str = "backend") -> None:
         raise BackendContractError(
             f"{origin}: {cls.__name__} must be constructible as {cls.__name__}(config, options)"
         ) from None
+
+
+LEGACY_PATH_OPTIONS = ("root", "file_path_prefix")
+"""``str`` option names treated as paths for backends written before path options were typed."""
+
+_PATH_FORMATS = {"path": "path", "directory-path": "dir"}
+
+
+def path_options(options_model: Any) -> dict[str, str]:
+    """The fields of a backend's ``Options`` model that hold a filesystem path, with their kind.
+
+    A field is a path option when its type is a path (``pathlib.Path``, ``Path | None``,
+    pydantic's ``NewPath`` or ``DirectoryPath``, any ``os.PathLike``) or when it is marked as one
+    with ``Field(json_schema_extra={"format": "path"})`` (``"directory-path"`` for a directory
+    that must exist); the ``str`` fields named in :data:`LEGACY_PATH_OPTIONS` count too. The kind
+    is ``"dir"`` when the path must be an existing directory, else ``"path"`` (nothing needs to
+    exist there). ``FilePath`` fields (an existing file) are not path options: no fresh path
+    can satisfy them. The conformance suite and ``hicache bench`` give each path option the user
+    did not set a fresh temporary path, and remove it afterwards.
+    """
+    fields = getattr(options_model, "model_fields", None) or {}
+    out: dict[str, str] = {}
+    for name, field in fields.items():
+        extra = getattr(field, "json_schema_extra", None)
+        marked = extra.get("format") if isinstance(extra, Mapping) else None
+        kind = _PATH_FORMATS.get(marked) if isinstance(marked, str) else None
+        kind = kind or _path_kind(getattr(field, "annotation", None), getattr(field, "metadata", ()))
+        if kind is None and name in LEGACY_PATH_OPTIONS:
+            kind = "path"
+        if kind is not None and kind != "file":
+            out[name] = kind
+    return out
+
+
+def _path_kind(annotation: Any, metadata: Any = ()) -> str | None:
+    """``"path"`` / ``"dir"`` / ``"file"`` when ``annotation`` (through unions and ``Annotated``)
+    is a path type, else ``None``."""
+    import typing
+    from pathlib import PurePath
+
+    for m in metadata or ():
+        kind = getattr(m, "path_type", None)  # pydantic's PathType('dir' | 'file' | 'new')
+        if kind in ("dir", "file", "new"):
+            return "path" if kind == "new" else str(kind)
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        base, *meta = typing.get_args(annotation)
+        return _path_kind(base, meta)
+    if origin is typing.Union or type(annotation).__name__ == "UnionType":
+        kinds = [_path_kind(a) for a in typing.get_args(annotation)]
+        return next((k for k in kinds if k is not None), None)
+    if inspect.isclass(annotation) and (issubclass(annotation, PurePath) or annotation is os.PathLike):
+        return "path"
+    return None
+
+
+def with_fresh_paths(
+    options_model: Any, options: Mapping[str, Any], base_dir: str | os.PathLike[str]
+) -> dict[str, Any]:
+    """``options`` with every :func:`path_options` field it leaves unset (absent or ``None``) set
+    to ``{base_dir}/hicache-{field}``; a ``"dir"`` field's directory is created, other paths are
+    not (the backend creates its directory or files there)."""
+    out = dict(options)
+    for name, kind in path_options(options_model).items():
+        if out.get(name) is None:
+            path = os.path.join(os.fspath(base_dir), f"hicache-{name}")
+            if kind == "dir":
+                os.makedirs(path, exist_ok=True)
+            out[name] = path
+    return out
 
 
 def availability(cls: type) -> str | None:

@@ -28,7 +28,8 @@ from hicache_core import (
 )
 from hicache_core.plugin import availability, load_backend_class
 
-from ._context import SuiteContext, default_page_bytes
+from ._context import PATHS, SuiteContext, default_page_bytes
+from ._options import isolate_path_options, path_option_names
 
 __all__ = ["SuiteBase"]
 
@@ -56,9 +57,14 @@ class SuiteBase:
     kv_dim: ClassVar[int] = 16
     index_dim: ClassVar[int] = 8
     kv_dtype: ClassVar[torch.dtype] = torch.bfloat16
-    #: Hypothesis budget of ``test_stateful_dict_model``.
+    #: Hypothesis budget of ``test_stateful_dict_model`` (split over the declared I/O paths).
     stateful_examples: ClassVar[int] = 12
     stateful_steps: ClassVar[int] = 15
+    #: Hypothesis examples per identity field of ``test_isolation_custom_keys``.
+    key_examples: ClassVar[int] = 12
+    #: Bytes of one page component in ``test_concurrency_no_torn_pages`` (big, so that a torn or
+    #: in-place write is seen by the concurrent readers on every run).
+    torn_component_bytes: ClassVar[int] = 1 << 20
 
     # ------------------------------------------------------------- fixtures
     @pytest.fixture
@@ -98,12 +104,21 @@ class SuiteBase:
         if reason:
             request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
         cls = self.backend_class(backend_name)
-        isolated = any(options.get(f) != base_options.get(f) for f in self.tmp_dir_options)
+        paths = {*path_option_names(cls), *self.tmp_dir_options}
+        isolated = any(options.get(f) != base_options.get(f) for f in paths)
         ctx = SuiteContext(self, backend_name, cls, options, isolated=isolated)
         try:
             yield ctx
         finally:
             ctx.close()
+
+    @pytest.fixture(params=PATHS)
+    def io_path(self, request: pytest.FixtureRequest, hc: SuiteContext) -> str:
+        """The raw I/O path a semantic test runs through: ``[v1]`` and ``[v2]`` in the test id; the
+        one the backend does not declare skips with the capability named."""
+        path: str = request.param
+        hc.require_path(path)
+        return path
 
     # ------------------------------------------------------ overridable hooks
     def backend_class(self, name: str) -> type:
@@ -123,16 +138,17 @@ class SuiteBase:
     def isolated_options(self, backend_name: str, options: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
         """Give each test storage of its own.
 
-        Every field named in ``tmp_dir_options`` that the backend's ``Options`` declares and the
-        caller did not set gets a fresh path ``tmp_path / "hicache-<field>"`` (not created: the
-        backend creates its directory or files there). Tests also use a unique
+        Every path option of the backend's ``Options`` (typed ``pathlib.Path``, or marked with
+        ``json_schema_extra={"format": "path"}``; also any field named in ``tmp_dir_options``)
+        that the caller did not set gets a fresh path ``tmp_path / "hicache-<field>"`` (not
+        created, unless it is a ``DirectoryPath``: the backend creates its storage there). Tests also use a unique
         ``model_name`` (so a unique key namespace), and stores on non-isolated storage are
         cleared at teardown when the backend implements ``hicache_clear``. Override this for
         other kinds of isolation (a per-test database, bucket, or server).
         """
         cls = self.backend_class(backend_name)
         fields = getattr(cls.Options, "model_fields", {})  # type: ignore[attr-defined]
-        out = dict(options)
+        out = isolate_path_options(cls, options, tmp_path)
         for name in self.tmp_dir_options:
             if name in fields and out.get(name) is None:
                 out[name] = str(tmp_path / f"hicache-{name}")

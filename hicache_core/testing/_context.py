@@ -3,11 +3,15 @@
 It opens stores and controllers on the test's isolated options (and closes them at teardown),
 turns capabilities into skips, and moves pages with the public API exactly as a backend user
 would: ``open_store``, ``Store.page_keys`` / ``batch_io_v1`` / ``batch_io_v2`` and
-``CacheController``.
+``CacheController`` (``controller(path="v1" | "v2")`` makes a controller move target pages on
+that path). Every store it opens carries the canary guard (:mod:`._canary`): a ``get`` that
+writes host memory outside its target slots fails the test (``canary.enabled = False`` for tests
+that share pools across threads on purpose).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import uuid
@@ -31,6 +35,8 @@ from hicache_core import (
     open_store,
 )
 
+from ._canary import CanaryGuard, CanaryState
+
 
 class SuiteHooks(Protocol):
     """What the context asks of the test class (``SuiteBase``): the overridable data makers."""
@@ -42,7 +48,10 @@ class SuiteHooks(Protocol):
     ) -> HostPool: ...
 
 
-__all__ = ["SENTINEL", "SuiteContext", "default_page_bytes", "expect_flags", "tensor_digest"]
+__all__ = ["PATHS", "SENTINEL", "SuiteContext", "default_page_bytes", "expect_flags", "tensor_digest"]
+
+PATHS = ("v1", "v2")
+"""The raw I/O paths; a semantic test runs through each one the backend declares."""
 
 SENTINEL = 0xA5
 """Destination buffers are filled with this byte before every ``get``."""
@@ -85,8 +94,10 @@ class SuiteContext:
         self.options = options
         self.isolated = isolated
         self.model_name = f"conformance-{uuid.uuid4().hex[:12]}"
+        self.canary = CanaryState()
         self._stores: list[Store] = []
         self._controllers: list[CacheController] = []
+        self._owned: dict[int, Store] = {}  # id(controller) -> the store hc opened for it
 
     # ----------------------------------------------------------- capabilities
     @property
@@ -126,6 +137,17 @@ class SuiteContext:
         """The raw I/O path used by path-independent tests: ``"v1"`` when declared, else ``"v2"``."""
         return "v1" if self.caps.v1 else "v2"
 
+    @property
+    def paths(self) -> list[str]:
+        """Every raw I/O path the backend declares (``"v1"``, ``"v2"``)."""
+        return [p for p in PATHS if getattr(self.caps, p)]
+
+    def require_path(self, path: str) -> None:
+        """Skip the test unless the backend declares the I/O path ``path`` (``capabilities.<path>``)."""
+        if path not in PATHS:
+            raise ValueError(f"unknown I/O path {path!r}; use one of {PATHS}")
+        self.require(path)
+
     # ------------------------------------------------------- stores and pools
     def config(self, **overrides: Any) -> StorageConfig:
         """A :class:`StorageConfig` for the backend under test, on this test's options."""
@@ -134,20 +156,58 @@ class SuiteContext:
         return StorageConfig(**data)
 
     def open(self, **overrides: Any) -> Store:
-        """``open_store`` on this test's config; closed (after ``clear`` if needed) at teardown."""
+        """``open_store`` on this test's config; closed (after ``clear`` if needed) at teardown.
+
+        Every ``get`` of the store is checked by the canaries (:mod:`._canary`)."""
         store = open_store(self.config(**overrides))
         self._stores.append(store)
+        self.guard(store)
         return store
 
+    def guard(self, store: Store) -> None:
+        """Register the canary guard in ``store`` (every ``get`` is checked for stray writes)."""
+        store.pm.register(CanaryGuard(self.canary, lambda: store.pools), name="hicache-conformance-canary")
+
     def controller(
-        self, pools: HostPoolGroup | HostPool, *, store: Store | None = None, **overrides: Any
+        self,
+        pools: HostPoolGroup | HostPool,
+        *,
+        store: Store | None = None,
+        path: str | None = None,
+        **overrides: Any,
     ) -> CacheController:
-        """A :class:`CacheController` attaching ``pools``; closed at teardown."""
+        """A :class:`CacheController` attaching ``pools``; closed at teardown.
+
+        ``path`` (``"v1"`` or ``"v2"``) makes the controller move target pages on that I/O path:
+        it attaches to a store of its own whose capabilities are narrowed to it (``v1``: without
+        ``v2``; ``v2``: as declared, which the controller prefers). Close it with :meth:`shut`.
+        """
+        owned: Store | None = None
+        if path is not None:
+            self.require_path(path)
+            if store is None:
+                store = owned = self.open(**overrides)
+            if path == "v1" and store.capabilities.v2:
+                store.capabilities = dataclasses.replace(store.capabilities, v2=False, zero_copy=False)
         ctl = CacheController(self.config(**overrides), pools, store=store)
         self._controllers.append(ctl)
         if store is None:
             self._stores.append(ctl.store)
+            self.guard(ctl.store)
+        elif owned is not None:
+            self._owned[id(ctl)] = owned
+        if path is not None:
+            assert ctl.io_path == path, (
+                f"the controller chose the {ctl.io_path} path for a store narrowed to {path}: {ctl.store.capabilities}"
+            )
         return ctl
+
+    def shut(self, ctl: CacheController) -> None:
+        """Close a controller and, when :meth:`controller` opened a store for it, that store."""
+        ctl.close()
+        owned = self._owned.pop(id(ctl), None)
+        if owned is not None:
+            owned.close()
 
     def release(self, ctl: CacheController) -> None:
         """Clear (on shared storage) and close a controller now, and stop tracking it."""
@@ -155,7 +215,7 @@ class SuiteContext:
         cleared = callable(getattr(self.cls, "hicache_clear", None)) and not self.isolated
         if cleared and not ctl.store.closed:
             ctl.clear()
-        ctl.close()
+        self.shut(ctl)
         if ctl in self._controllers:
             self._controllers.remove(ctl)
         self._stores = [
@@ -204,6 +264,14 @@ class SuiteContext:
             attempt("Store.close", store.close)
         self._controllers.clear()
         self._stores.clear()
+        self._owned.clear()
+        stray = self.canary.take_new()
+        if stray:
+            pytest.fail(
+                f"backend {self.name!r}: a get wrote host memory outside its target slots: "
+                + "; ".join(stray[:6]),
+                pytrace=False,
+            )
         if errors:
             pytest.fail(f"backend {self.name!r} failed to clean up: " + "; ".join(errors), pytrace=False)
 
@@ -226,6 +294,7 @@ class SuiteContext:
         self, pool: HostPool, indices: Sequence[int], hashes: Sequence[str], salt: int = 0
     ) -> list[list[bool]]:
         """Per page, per component: does the host page hold the expected bytes?"""
+        self.canary.check()
         out = []
         for views, page_hash in zip(pool.page_views(indices), hashes):
             row = []
@@ -261,7 +330,9 @@ class SuiteContext:
     ) -> list[bool]:
         """Raw ``batch_io_v1`` over the pages' component keys: one bool per *key*."""
         keys, views = self.keys_and_views(store, pool_name, pool, hashes, indices)
-        return store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views, pool_name)
+        out = store.batch_io_v1(op, keys, None if op is IoOp.EXISTS else views, pool_name)
+        self.canary.check()
+        return out
 
     def v2(self, store: Store, op: IoOp, specs: Sequence[PoolSpec]) -> list[list[bool]]:
         """Raw ``batch_io_v2``: one :class:`PoolTransfer` per spec, one bool per page."""
@@ -269,7 +340,9 @@ class SuiteContext:
         for pool_name, pool, hashes, indices in specs:
             keys = tuple(store.page_keys(pool_name, list(hashes))) if hashes else ()
             transfers.append(PoolTransfer(pool_name, tuple(indices), tuple(hashes), pool.hit_policy, keys))
-        return store.batch_io_v2(op, transfers)
+        out = store.batch_io_v2(op, transfers)
+        self.canary.check()
+        return out
 
     def raw(
         self,
@@ -283,10 +356,13 @@ class SuiteContext:
     ) -> list[bool]:
         """Raw I/O on the given path (default :attr:`path`): one bool per *page*."""
         if (path or self.path) == "v2":
-            return self.v2(store, op, [(pool_name, pool, hashes, indices)])[0]
-        flat = self.v1(store, op, pool_name, pool, hashes, indices)
-        n = len(pool.components)
-        return [all(flat[i : i + n]) for i in range(0, len(flat), n)]
+            out = self.v2(store, op, [(pool_name, pool, hashes, indices)])[0]
+        else:
+            flat = self.v1(store, op, pool_name, pool, hashes, indices)
+            n = len(pool.components)
+            out = [all(flat[i : i + n]) for i in range(0, len(flat), n)]
+        self.canary.check()
+        return out
 
     def write(
         self,

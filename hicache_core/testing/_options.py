@@ -1,4 +1,5 @@
-"""Parsing ``--hicache-options`` / ``hicache check --options`` values (import-light)."""
+"""Options of the suite: parsing ``--hicache-options`` / ``hicache check --options`` values, and
+the path options each test isolates (import-light: the core's registry loads on first use)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["parse_options"]
+__all__ = ["isolate_path_options", "parse_options", "path_option_names"]
+
+
+def path_option_names(backend_cls: Any) -> tuple[str, ...]:
+    """The path options of ``backend_cls.Options``, by type or marker, not by name
+    (:func:`hicache_core.plugin.registry.path_options`)."""
+    from hicache_core.plugin.registry import path_options
+
+    return tuple(path_options(getattr(backend_cls, "Options", None)))
+
+
+def isolate_path_options(backend_cls: Any, options: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """``options`` with every path option of ``backend_cls`` left unset (absent or ``None``) set to a
+    fresh path ``tmp_path / "hicache-<field>"`` (a ``DirectoryPath`` field's directory is created)."""
+    from hicache_core.plugin.registry import with_fresh_paths
+
+    return with_fresh_paths(getattr(backend_cls, "Options", None), options, tmp_path)
 
 
 def parse_options(raw: str | None) -> dict[str, Any]:

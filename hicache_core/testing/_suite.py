@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from ._t_concurrency import ConcurrencyTests
 from ._t_io import DraftTests, PoolsTests, V1Tests, V2Tests
+from ._t_keys import KeyTests
 from ._t_lifecycle import LifecycleTests
 from ._t_semantics import SemanticsTests
 from ._t_stateful import StatefulTests
@@ -20,6 +22,8 @@ class BackendConformance(
     DraftTests,
     SemanticsTests,
     LifecycleTests,
+    ConcurrencyTests,
+    KeyTests,
     StatefulTests,
 ):
     """The hicache backend conformance suite, as a pytest base class.
@@ -34,7 +38,7 @@ class BackendConformance(
             backend_options = {"endpoint": "local"}     # optional
             expected_failures = {"test_shared_two_processes": "needs a running server"}
 
-    Override the ``options`` fixture (``def options(self, tmp_path) -> dict``) for per-test
+    Override the ``options`` fixture (``def options(self, backend_name, base_options, tmp_path) -> dict``) for per-test
     storage, ``isolated_options`` for other isolation schemes, the class attributes
     ``page_size``, ``num_layers``, ``num_heads``, ``head_dim``, ``kv_dim``, ``index_dim``,
     ``kv_dtype`` for pool geometry, and ``make_page_hashes`` / ``page_bytes`` /

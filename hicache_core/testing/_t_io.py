@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
-from hicache_core import DraftIoMode, HostPool, HostPoolGroup, IoOp, MHAKVPool, PoolName, PoolTransfer
+from hicache_core import (
+    DraftIoMode,
+    DraftOffloadDisabledWarning,
+    HostPool,
+    HostPoolGroup,
+    IoOp,
+    MHAKVPool,
+    PoolName,
+    PoolTransfer,
+)
 
 from ._base import SuiteBase
-from ._context import SuiteContext, expect_flags
+from ._context import SENTINEL, SuiteContext, expect_flags
 
 __all__ = ["DraftTests", "PoolsTests", "V1Tests", "V2Tests"]
 
@@ -94,6 +105,34 @@ class V1Tests(SuiteBase):
 
 class V2Tests(SuiteBase):
     """Group ``v2`` (skipped when ``capabilities.v2`` is not declared)."""
+
+    def test_v2_get_missing(self, hc: SuiteContext) -> None:
+        """``get`` of pages never set reports ``False`` for each page (alone and among stored ones)."""
+        hc.require("v2")
+        store, pool = hc.kv_store("mha", 10)
+        hashes = self.make_page_hashes(5)
+        expect_flags(
+            hc.read(store, KV, pool, hashes, list(range(5)), "v2"), [False] * 5, "get of absent pages"
+        )
+        hc.write(store, KV, pool, hashes[::2], [0, 2, 4], path="v2")
+        got = hc.read(store, KV, pool, hashes, list(range(5, 10)), "v2")
+        expect_flags(got, [True, False, True, False, True], "get of absent pages among stored ones")
+
+    def test_v2_size_mismatch_is_miss(self, hc: SuiteContext) -> None:
+        """A stored page whose size differs from the registered pool's component is a miss, never a
+        partial copy (the pool re-registered under ``kv`` with other page sizes)."""
+        hc.require("v2")
+        store, pool = hc.kv_store("mha", 3)
+        hashes, idx = self.make_page_hashes(3), [0, 1, 2]
+        hc.write(store, KV, pool, hashes, idx, path="v2")
+        for head_dim in (self.head_dim * 2, max(1, self.head_dim // 2)):
+            other = MHAKVPool(3, self.page_size, self.num_layers, self.num_heads, head_dim, self.kv_dtype)
+            store.register_pool(KV, other)
+            got = hc.read(store, KV, other, hashes, idx, "v2")
+            expect_flags(got, [False] * 3, f"v2 get into a pool of {head_dim / self.head_dim:g}x-sized pages")
+        store.register_pool(KV, pool)
+        expect_flags(hc.read(store, KV, pool, hashes, idx, path="v2"), [True] * 3, "get after the mismatches")
+        expect_flags(hc.matches(pool, idx, hashes), [True] * 3, "bytes after the mismatches")
 
     @pytest.mark.parametrize("pages", BATCH_SIZES)
     def test_v2_roundtrip(self, hc: SuiteContext, pages: int) -> None:
@@ -197,12 +236,12 @@ class V2Tests(SuiteBase):
 class PoolsTests(SuiteBase):
     """Group ``pools``: multi-pool pages through ``CacheController`` (whatever path it picks)."""
 
-    def test_pools_kv_mamba(self, hc: SuiteContext) -> None:
+    def test_pools_kv_mamba(self, hc: SuiteContext, io_path: str) -> None:
         """Backup, query and prefetch KV + Mamba state (trailing-pages hit policy)."""
         hc.require_pool(PoolName.MAMBA)
         n = 8
         kv, mamba = self.make_kv_pool("mha", 2 * n), self.make_mamba_pool(4)
-        ctl = hc.controller(HostPoolGroup(kv, {PoolName.MAMBA: mamba}))
+        ctl = hc.controller(HostPoolGroup(kv, {PoolName.MAMBA: mamba}), path=io_path)
         hashes = self.make_page_hashes(n)
         hc.fill(kv, range(n), hashes)
         hc.fill(mamba, [0, 1], hashes[-2:])
@@ -217,12 +256,12 @@ class PoolsTests(SuiteBase):
         expect_flags(hc.matches(kv, range(n, 2 * n), hashes), [True] * n, "kv bytes")
         expect_flags(hc.matches(mamba, [2, 3], hashes[-2:]), [True] * 2, "mamba bytes")
 
-    def test_pools_kv_indexer(self, hc: SuiteContext) -> None:
+    def test_pools_kv_indexer(self, hc: SuiteContext, io_path: str) -> None:
         """KV + DSA indexer (all-pages policy): a missing indexer page ends the prefix."""
         hc.require_pool(PoolName.INDEXER)
         n = 8
         kv, ix = self.make_kv_pool("mha", 2 * n), self.make_indexer_pool(2 * n)
-        ctl = hc.controller(HostPoolGroup(kv, {PoolName.INDEXER: ix}))
+        ctl = hc.controller(HostPoolGroup(kv, {PoolName.INDEXER: ix}), path=io_path)
         hashes = self.make_page_hashes(n)
         src, dst = list(range(n)), list(range(n, 2 * n))
         hc.fill(kv, src, hashes)
@@ -241,14 +280,14 @@ class PoolsTests(SuiteBase):
         expect_flags(hc.matches(kv, dst[:5], holed[:5]), [True] * 5, "kv bytes")
         expect_flags(hc.matches(ix, dst[:5], holed[:5]), [True] * 5, "indexer bytes")
 
-    def test_pools_store_allocated(self, hc: SuiteContext) -> None:
+    def test_pools_store_allocated(self, hc: SuiteContext, io_path: str) -> None:
         """Planned pools (``allocate=False``) get memory through the store and round-trip."""
         n = 6
         extras: dict[PoolName | str, HostPool] = {}
         if PoolName.INDEXER in hc.caps.pools:
             extras[PoolName.INDEXER] = self.make_indexer_pool(2 * n, allocate=False)
         kv = self.make_kv_pool("mha", 2 * n, allocate=False)
-        ctl = hc.controller(HostPoolGroup(kv, extras))
+        ctl = hc.controller(HostPoolGroup(kv, extras), path=io_path)
         assert kv.allocated and all(p.allocated for p in extras.values())
         hashes = self.make_page_hashes(n)
         for pool in ctl.pools.values():
@@ -260,21 +299,61 @@ class PoolsTests(SuiteBase):
         for name, pool in ctl.pools.items():
             expect_flags(hc.matches(pool, range(n, 2 * n), hashes), [True] * n, f"{name.value} bytes")
 
+    def test_pools_reregister_replaces(self, hc: SuiteContext, io_path: str) -> None:
+        """Registering pool B under a name that pool A had replaces A: I/O moves B's pages, and A
+        (released) is never read or written again."""
+        store = hc.open()
+        first, second = self.make_kv_pool("mha", 4), self.make_kv_pool("mha", 4)
+        store.register_pool(KV, first)
+        hc.sentinel(first, range(4))
+        store.register_pool(KV, second)
+        hashes = self.make_page_hashes(2)
+        hc.write(store, KV, second, hashes, [0, 1], path=io_path)
+        expect_flags(hc.read(store, KV, second, hashes, [2, 3], io_path), [True, True], "get into pool B")
+        expect_flags(
+            hc.matches(second, [2, 3], hashes), [True, True], "pool B holds the bytes set from pool B"
+        )
+        untouched = all(bool((b == SENTINEL).all()) for b in first.buffers())
+        assert untouched, f"{io_path} I/O after re-registering 'kv' still used the first pool object"
+        again = self.make_kv_pool("mha", 4)
+        store.register_pool(KV, again)
+        expect_flags(hc.read(store, KV, again, hashes, [1, 3], io_path), [True, True], "get into pool C")
+        expect_flags(hc.matches(again, [1, 3], hashes), [True, True], "pool C bytes")
+
 
 class DraftTests(SuiteBase):
     """Group ``draft`` (skipped when ``draft_io`` is ``unsupported``)."""
 
-    def test_draft_roundtrip(self, hc: SuiteContext) -> None:
-        """Draft pages are backed up and prefetched with their target pages, byte-exact."""
+    def test_draft_roundtrip(self, hc: SuiteContext, io_path: str) -> None:
+        """Draft pages are backed up and prefetched with their target pages (moved on ``io_path``),
+        byte-exact; the draft pool's own pages also round-trip through ``io_path``."""
         if hc.caps.draft_io is DraftIoMode.UNSUPPORTED:
             pytest.skip(f"backend {hc.name!r} declares draft_io='unsupported'")
         n = 7
         kv, draft = self.make_kv_pool("mha", 2 * n), self.make_draft_pool(2 * n)
-        ctl = hc.controller(HostPoolGroup(kv, {PoolName.DRAFT: draft}))
+        with warnings.catch_warnings():
+            if hc.caps.draft_io is DraftIoMode.ZERO_COPY_V2 and io_path == "v1":  # disabled, as designed
+                warnings.simplefilter("ignore", DraftOffloadDisabledWarning)
+            ctl = hc.controller(HostPoolGroup(kv, {PoolName.DRAFT: draft}), path=io_path)
+        hashes, src, dst = self.make_page_hashes(n), list(range(n)), list(range(n, 2 * n))
+        raw = self.make_page_hashes(n, salt=31)
+        if PoolName.DRAFT not in ctl.store.pools:  # zero_copy_v2 draft is off on the v1 path
+            assert hc.caps.draft_io is DraftIoMode.ZERO_COPY_V2 and io_path == "v1", hc.declared(
+                "draft_io", f"the controller disabled draft offload: {ctl.draft_io}"
+            )
+            ctl.store.register_pool(PoolName.DRAFT, draft)
+            hc.write(ctl.store, PoolName.DRAFT, draft, raw, src, salt=4, path=io_path)
+            expect_flags(
+                hc.read(ctl.store, PoolName.DRAFT, draft, raw, dst, io_path), [True] * n, "draft get"
+            )
+            expect_flags(hc.matches(draft, dst, raw, salt=4), [True] * n, "draft bytes (raw)")
+            return
         assert ctl.draft_enabled, hc.declared(
             "draft_io", f"the controller disabled draft offload: {ctl.draft_io}"
         )
-        hashes, src, dst = self.make_page_hashes(n), list(range(n)), list(range(n, 2 * n))
+        hc.write(ctl.store, PoolName.DRAFT, draft, raw, src, salt=4, path=io_path)
+        expect_flags(hc.read(ctl.store, PoolName.DRAFT, draft, raw, dst, io_path), [True] * n, "draft get")
+        expect_flags(hc.matches(draft, dst, raw, salt=4), [True] * n, "draft bytes (raw)")
         hc.fill(kv, src, hashes)
         hc.fill(draft, src, hashes, salt=3)
         res = ctl.backup(hashes, src)

@@ -1,11 +1,9 @@
-"""Groups ``persistence``, ``shared``, ``concurrency`` and ``errors``."""
+"""Groups ``persistence``, ``shared`` and ``errors``."""
 
 from __future__ import annotations
 
 import os
-import random
 import sys
-import threading
 
 import pytest
 
@@ -33,30 +31,33 @@ CHILD_TIMEOUT_S = 120
 
 
 class LifecycleTests(SuiteBase):
-    """Reopen, a second process, threads, and bad input."""
+    """Reopen, a second process, and bad input."""
 
     # ------------------------------------------------------------ persistence
-    def test_persistence_reopen(self, hc: SuiteContext) -> None:
+    def test_persistence_reopen(self, hc: SuiteContext, io_path: str) -> None:
         """Pages survive closing the store and opening a new one on the same options."""
         hc.require("persistent")
         n = 13
         store, pool = hc.kv_store("mha", n)
         hashes, idx = self.make_page_hashes(n), list(range(n))
-        hc.write(store, KV, pool, hashes, idx)
+        hc.write(store, KV, pool, hashes, idx, path=io_path)
         store.close()
         again, pool2 = hc.kv_store("mha", n)
-        found = hc.raw(again, IoOp.EXISTS, KV, pool2, hashes, idx)
+        found = hc.raw(again, IoOp.EXISTS, KV, pool2, hashes, idx, io_path)
         assert all(found), hc.declared(
-            "persistent", f"{found.count(False)} of {n} pages missing after reopen"
+            "persistent", f"{io_path}: {found.count(False)} of {n} pages missing after reopen"
         )
-        got = hc.read(again, KV, pool2, hashes, idx)
-        assert all(got), hc.declared("persistent", f"get after reopen: {got}")
+        got = hc.read(again, KV, pool2, hashes, idx, io_path)
+        assert all(got), hc.declared("persistent", f"{io_path} get after reopen: {got}")
         expect_flags(hc.matches(pool2, idx, hashes), [True] * n, "bytes after reopen")
         again.close()
-        ctl = hc.controller(self.make_kv_pool("mha", n))
+        ctl = hc.controller(self.make_kv_pool("mha", 2 * n), path=io_path)
         assert ctl.query(hashes).pages == n, hc.declared(
             "persistent", "a new controller cannot see the pages"
         )
+        dst = list(range(n, 2 * n))
+        assert ctl.prefetch(hashes, dst).pages == n, hc.declared("persistent", "prefetch after reopen")
+        expect_flags(hc.matches(ctl.pools.anchor, dst, hashes), [True] * n, "prefetched bytes after reopen")
 
     # ----------------------------------------------------------------- shared
     def test_shared_two_processes(self, hc: SuiteContext) -> None:
@@ -96,84 +97,6 @@ class LifecycleTests(SuiteBase):
             assert digests == wrote["digests"], hc.declared(
                 "shared", "pages written by the other process differ"
             )
-
-    # ------------------------------------------------------------ concurrency
-    def test_concurrency_backup_prefetch(self, hc: SuiteContext) -> None:
-        """Threads back up and prefetch overlapping pages; every reported page is byte-exact."""
-        n, workers, rounds = 24, 4, 4
-        kv = self.make_kv_pool("mha", n * (workers + 1))
-        ctl = hc.controller(kv, io_threads=4, batch_pages=8)
-        hashes = self.make_page_hashes(n)
-        hc.fill(kv, range(n), hashes)
-        problems: list[str] = []
-
-        def worker(t: int) -> None:
-            rng = random.Random(t)
-            base = n * (t + 1)
-            try:
-                for _ in range(rounds):
-                    a = rng.randrange(0, n // 2)
-                    b = rng.randrange(a + 1, n + 1)
-                    pending = ctl.backup_async(hashes[a:b], list(range(a, b)))
-                    k = rng.randrange(1, n + 1)
-                    dst = list(range(base, base + k))
-                    hc.sentinel(kv, dst)
-                    res = ctl.prefetch_async(hashes[:k], dst).result()
-                    if not all(hc.matches(kv, dst[: res.pages], hashes[: res.pages])):
-                        problems.append(f"thread {t}: prefetch reported {res.pages} pages with wrong bytes")
-                    done = pending.result(timeout=60)
-                    if done.errors or done.pages != b - a:
-                        problems.append(f"thread {t}: backup of pages {a}..{b}: {done}")
-            except Exception as err:  # reported below; a worker must never die silently
-                problems.append(f"thread {t}: {type(err).__name__}: {err}")
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(workers)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=120)
-        assert not any(th.is_alive() for th in threads), "a worker thread hung"
-        assert not problems, "; ".join(problems[:5])
-        assert ctl.backup(hashes, list(range(n))).pages == n
-        assert ctl.query(hashes).pages == n
-        dst = list(range(n, 2 * n))
-        hc.sentinel(kv, dst)
-        assert ctl.prefetch(hashes, dst).pages == n
-        expect_flags(hc.matches(kv, dst, hashes), [True] * n, "bytes after the concurrent phase")
-
-    def test_concurrency_raw_threads(self, hc: SuiteContext) -> None:
-        """Threads calling set/exists/get on one store at once get correct per-page results."""
-        n, workers = 16, 4
-        store, pool = hc.kv_store("mha", n * (workers + 1))
-        hashes = self.make_page_hashes(n)
-        hc.fill(pool, range(n), hashes)
-        problems: list[str] = []
-
-        def worker(t: int) -> None:
-            rng = random.Random(100 + t)
-            base = n * (t + 1)
-            try:
-                for _ in range(4):
-                    sel = sorted(rng.sample(range(n), rng.randrange(1, n)))
-                    sh = [hashes[i] for i in sel]
-                    if not all(hc.raw(store, IoOp.SET, KV, pool, sh, sel)):
-                        problems.append(f"thread {t}: set failed")
-                    if not all(hc.raw(store, IoOp.EXISTS, KV, pool, sh, sel)):
-                        problems.append(f"thread {t}: pages just set do not exist")
-                    dst = [base + i for i in sel]
-                    hc.sentinel(pool, dst)
-                    ok = hc.raw(store, IoOp.GET, KV, pool, sh, dst)
-                    if not all(ok) or not all(hc.matches(pool, dst, sh)):
-                        problems.append(f"thread {t}: get {ok.count(False)} misses or wrong bytes")
-            except Exception as err:
-                problems.append(f"thread {t}: {type(err).__name__}: {err}")
-
-        threads = [threading.Thread(target=worker, args=(t,)) for t in range(workers)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join(timeout=120)
-        assert not problems, "; ".join(problems[:5])
 
     # ----------------------------------------------------------------- errors
     def test_errors_bad_page_hash(self, hc: SuiteContext) -> None:

@@ -1,4 +1,8 @@
-"""Groups ``prefix``, ``idempotent``, ``partial``, ``isolation``, ``bytes`` and ``clear``."""
+"""Groups ``prefix``, ``idempotent``, ``partial``, ``isolation``, ``bytes`` and ``clear``.
+
+Every test taking ``io_path`` runs once per declared raw I/O path (``[v1]``, ``[v2]``): raw calls go
+through that path, and controllers are made to move target pages on it (``hc.controller(path=)``).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hicache_core import DraftIoMode, HostPoolGroup, IoOp, PoolName
+from hicache_core import DraftIoMode, HostPool, HostPoolGroup, IoOp, PoolName, PoolTransfer, Store
 
 from ._base import SuiteBase
 from ._context import SENTINEL, SuiteContext, expect_flags
@@ -27,9 +31,9 @@ class SemanticsTests(SuiteBase):
     """Prefix, idempotence, partial results, key isolation, exact bytes and clear."""
 
     # ----------------------------------------------------------------- prefix
-    def _holed(self, hc: SuiteContext, n: int = 10, hole: int = 4) -> tuple[Any, Any, list[str]]:
+    def _holed(self, hc: SuiteContext, path: str, n: int = 10, hole: int = 4) -> tuple[Any, Any, list[str]]:
         kv = self.make_kv_pool("mha", 2 * n)
-        ctl = hc.controller(kv)
+        ctl = hc.controller(kv, path=path)
         hashes = self.make_page_hashes(n)
         hc.fill(kv, range(n), hashes)
         keep = [i for i in range(n) if i != hole]
@@ -37,9 +41,9 @@ class SemanticsTests(SuiteBase):
         assert res.ok, f"backup: {res}"
         return ctl, kv, hashes
 
-    def test_prefix_hole_ends_prefix(self, hc: SuiteContext) -> None:
+    def test_prefix_hole_ends_prefix(self, hc: SuiteContext, io_path: str) -> None:
         """With page 4 of 10 missing, query and prefetch report a 4-page prefix."""
-        ctl, kv, hashes = self._holed(hc)
+        ctl, kv, hashes = self._holed(hc, io_path)
         assert ctl.query(hashes).pages == 4, "a missing page must end the restorable prefix"
         dst = list(range(10, 20))
         hc.sentinel(kv, dst)
@@ -48,59 +52,63 @@ class SemanticsTests(SuiteBase):
         expect_flags(hc.matches(kv, dst[:4], hashes[:4]), [True] * 4, "prefix bytes")
         assert ctl.query(hashes[5:]).pages == 5
 
-    def test_prefix_exists_reports_each_page(self, hc: SuiteContext) -> None:
-        """Raw ``exists`` reports every page's own fact (the hole only), never a count."""
-        ctl, kv, hashes = self._holed(hc)
-        flags = hc.raw(ctl.store, IoOp.EXISTS, KV, kv, hashes, list(range(10)), path=ctl.io_path)
-        expect_flags(flags, [True] * 4 + [False] + [True] * 5, "exists with a hole at page 4")
+    def test_prefix_exists_reports_each_page(self, hc: SuiteContext, io_path: str) -> None:
+        """Raw ``exists`` and ``get`` report every page's own fact (the hole only), never a count."""
+        ctl, kv, hashes = self._holed(hc, io_path)
+        expected = [True] * 4 + [False] + [True] * 5
+        flags = hc.raw(ctl.store, IoOp.EXISTS, KV, kv, hashes, list(range(10)), path=io_path)
+        expect_flags(flags, expected, "exists with a hole at page 4")
+        dst = list(range(10, 20))
+        expect_flags(hc.read(ctl.store, KV, kv, hashes, dst, io_path), expected, "get with a hole at page 4")
+        kept = [d for d, e in zip(dst, expected) if e]
+        expect_flags(hc.matches(kv, kept, [h for h, e in zip(hashes, expected) if e]), [True] * 9, "bytes")
 
-    def test_prefix_first_page_missing(self, hc: SuiteContext) -> None:
+    def test_prefix_first_page_missing(self, hc: SuiteContext, io_path: str) -> None:
         """Nothing is restorable when the first page is missing."""
-        ctl, _, hashes = self._holed(hc, hole=0)
+        ctl, _, hashes = self._holed(hc, io_path, hole=0)
         assert ctl.query(hashes).pages == 0
         assert ctl.prefetch(hashes, list(range(10, 20))).pages == 0
 
     # ------------------------------------------------------------- idempotent
-    def test_idempotent_reset_keeps_bytes(self, hc: SuiteContext) -> None:
+    def test_idempotent_reset_keeps_bytes(self, hc: SuiteContext, io_path: str) -> None:
         """Setting the same pages again succeeds and leaves their bytes unchanged."""
         store, pool = hc.kv_store("mha", 13)
         hashes, idx = self.make_page_hashes(13), list(range(13))
-        hc.write(store, KV, pool, hashes, idx)
-        hc.write(store, KV, pool, hashes, idx)
-        hc.write(store, KV, pool, hashes[:5], idx[:5])
-        expect_flags(hc.read(store, KV, pool, hashes, idx), [True] * 13, "get after re-set")
+        hc.write(store, KV, pool, hashes, idx, path=io_path)
+        hc.write(store, KV, pool, hashes, idx, path=io_path)
+        hc.write(store, KV, pool, hashes[:5], idx[:5], path=io_path)
+        expect_flags(hc.read(store, KV, pool, hashes, idx, io_path), [True] * 13, "get after re-set")
         expect_flags(hc.matches(pool, idx, hashes), [True] * 13, "bytes after re-set")
 
-    def test_idempotent_reset_never_mixes(self, hc: SuiteContext) -> None:
+    def test_idempotent_reset_never_mixes(self, hc: SuiteContext, io_path: str) -> None:
         """Re-setting a key with other bytes leaves either the old or the new object, whole."""
         store, pool = hc.kv_store("mha", 6)
         hashes, idx = self.make_page_hashes(6), list(range(6))
-        hc.write(store, KV, pool, hashes, idx, salt=1)
-        hc.write(store, KV, pool, hashes, idx, salt=2)
-        expect_flags(hc.read(store, KV, pool, hashes, idx), [True] * 6, "get after re-set")
+        hc.write(store, KV, pool, hashes, idx, salt=1, path=io_path)
+        hc.write(store, KV, pool, hashes, idx, salt=2, path=io_path)
+        expect_flags(hc.read(store, KV, pool, hashes, idx, io_path), [True] * 6, "get after re-set")
         old = hc.component_matches(pool, idx, hashes, salt=1)
         new = hc.component_matches(pool, idx, hashes, salt=2)
         whole = [o or n for po, pn in zip(old, new) for o, n in zip(po, pn)]
         expect_flags(whole, [True] * len(whole), "each component holds the old or the new bytes")
 
-    def test_idempotent_set_keeps_stored_object(self, hc: SuiteContext) -> None:
+    def test_idempotent_set_keeps_stored_object(self, hc: SuiteContext, io_path: str) -> None:
         """``set_skips_existing``: SET of stored keys reports ``True`` and keeps the stored bytes;
         the controller's backup (which then has no existence pass) keeps them too."""
         hc.require("set_skips_existing")
-        paths = [p for p, ok in (("v1", hc.caps.v1), ("v2", hc.caps.v2)) if ok]
+        path = io_path
         store, pool = hc.kv_store("mha", 6)
-        for n, path in enumerate(paths):
-            hashes, idx = self.make_page_hashes(6, salt=50 + n), list(range(6))
-            hc.write(store, KV, pool, hashes[:3], idx[:3], salt=1, path=path)
-            hc.write(store, KV, pool, hashes, idx, salt=2, path=path)  # every page must report True
-            expect_flags(hc.read(store, KV, pool, hashes, idx, path), [True] * 6, f"{path} get after re-set")
-            kept = [all(c) for c in hc.component_matches(pool, idx[:3], hashes[:3], salt=1)]
-            assert kept == [True] * 3, hc.declared(
-                "set_skips_existing", f"{path}: stored pages were overwritten by a second set ({kept})"
-            )
-            new = [all(c) for c in hc.component_matches(pool, idx[3:], hashes[3:], salt=2)]
-            expect_flags(new, [True] * 3, f"{path} bytes of the pages written by the second set")
-        ctl = hc.controller(self.make_kv_pool("mha", 4))
+        hashes, idx = self.make_page_hashes(6, salt=50), list(range(6))
+        hc.write(store, KV, pool, hashes[:3], idx[:3], salt=1, path=path)
+        hc.write(store, KV, pool, hashes, idx, salt=2, path=path)  # every page must report True
+        expect_flags(hc.read(store, KV, pool, hashes, idx, path), [True] * 6, f"{path} get after re-set")
+        kept = [all(c) for c in hc.component_matches(pool, idx[:3], hashes[:3], salt=1)]
+        assert kept == [True] * 3, hc.declared(
+            "set_skips_existing", f"{path}: stored pages were overwritten by a second set ({kept})"
+        )
+        new = [all(c) for c in hc.component_matches(pool, idx[3:], hashes[3:], salt=2)]
+        expect_flags(new, [True] * 3, f"{path} bytes of the pages written by the second set")
+        ctl = hc.controller(self.make_kv_pool("mha", 4), path=path)
         hashes = self.make_page_hashes(4, salt=60)
         hc.fill(ctl.pools.anchor, range(2), hashes[:2], salt=1)
         assert ctl.backup(hashes[:2], range(2)).pages == 2, "backup of two new pages"
@@ -114,21 +122,61 @@ class SemanticsTests(SuiteBase):
         )
 
     # ---------------------------------------------------------------- partial
-    def test_partial_results_per_page(self, hc: SuiteContext) -> None:
+    def test_partial_results_per_page(self, hc: SuiteContext, io_path: str) -> None:
         """A batch mixing present and absent pages gets exact per-entry results and bytes."""
+        path = io_path
         store, pool = hc.kv_store("mha", 8)
         hashes, idx = self.make_page_hashes(8), list(range(8))
         present = [0, 1, 3, 6]
-        hc.write(store, KV, pool, [hashes[i] for i in present], present)
+        hc.write(store, KV, pool, [hashes[i] for i in present], present, path=path)
         expected = [i in present for i in idx]
-        for path in [p for p, ok in (("v1", hc.caps.v1), ("v2", hc.caps.v2)) if ok]:
-            expect_flags(hc.raw(store, IoOp.EXISTS, KV, pool, hashes, idx, path), expected, f"{path} exists")
-            expect_flags(hc.read(store, KV, pool, hashes, idx, path), expected, f"{path} get")
-            got = hc.matches(pool, present, [hashes[i] for i in present])
-            expect_flags(got, [True] * len(present), f"{path} bytes of the present pages")
-            if path == "v1":
-                flat = hc.v1(store, IoOp.GET, KV, pool, hashes, idx)
-                expect_flags(flat, [e for e in expected for _ in (0, 1)], "v1 get per component key")
+        expect_flags(hc.raw(store, IoOp.EXISTS, KV, pool, hashes, idx, path), expected, f"{path} exists")
+        expect_flags(hc.read(store, KV, pool, hashes, idx, path), expected, f"{path} get")
+        got = hc.matches(pool, present, [hashes[i] for i in present])
+        expect_flags(got, [True] * len(present), f"{path} bytes of the present pages")
+        if path == "v1":
+            flat = hc.v1(store, IoOp.GET, KV, pool, hashes, idx)
+            expect_flags(flat, [e for e in expected for _ in (0, 1)], "v1 get per component key")
+
+    def test_partial_missing_component(self, hc: SuiteContext, io_path: str) -> None:
+        """A page with exactly one component missing from storage is never reported: v2 gives the
+        page ``False`` (exists and get), v1 the missing key; the other pages are exact."""
+        store, pool = hc.kv_store("mha", 12)
+        hashes, idx, hole = self.make_page_hashes(6), list(range(6)), 3
+        full = [i for i in idx if i != hole]
+        hc.write(store, KV, pool, [hashes[i] for i in full], full, path=hc.path)
+        self._write_first_component(hc, store, pool, hashes[hole], hole)
+        expected = [i != hole for i in idx]
+        for _ in range(2):  # the same answer every time
+            expect_flags(hc.raw(store, IoOp.EXISTS, KV, pool, hashes, idx, io_path), expected, "exists")
+            dst = [6 + i for i in idx]
+            expect_flags(
+                hc.read(store, KV, pool, hashes, dst, io_path), expected, "get (one component missing)"
+            )
+            expect_flags(
+                hc.matches(pool, [6 + i for i in full], [hashes[i] for i in full]), [True] * 5, "bytes"
+            )
+            alone = hc.read(store, KV, pool, [hashes[hole]], [6 + hole], io_path)
+            assert alone == [False], f"{io_path} get of the page missing its 'v' component alone: {alone}"
+        if io_path == "v1":
+            per_key = [e for i in idx for e in (True, i != hole)]
+            expect_flags(hc.v1(store, IoOp.EXISTS, KV, pool, hashes, idx), per_key, "v1 exists per key")
+            expect_flags(hc.v1(store, IoOp.GET, KV, pool, hashes, idx), per_key, "v1 get per key")
+
+    def _write_first_component(
+        self, hc: SuiteContext, store: Store, pool: HostPool, page: str, slot: int
+    ) -> None:
+        """Store only the first component (``k``) of one page: one v1 key, or on a v2-only backend
+        a transfer whose ``v`` key belongs to another page (a v2 backend stores under ``keys``)."""
+        hc.fill(pool, [slot], [page])
+        if hc.caps.v1:
+            keys, views = hc.keys_and_views(store, KV, pool, [page], [slot])
+            assert store.batch_io_v1(IoOp.SET, keys[:1], views[:1], KV) == [True], "set of one key"
+            return
+        ((k, _),) = store.page_keys(KV, [page])
+        ((_, other),) = store.page_keys(KV, self.make_page_hashes(1, salt=77))
+        transfer = PoolTransfer(KV, (slot,), (page,), pool.hit_policy, ((k, other),))
+        assert store.batch_io_v2(IoOp.SET, [transfer]) == [[True]], "set of one page"
 
     def test_partial_multi_pool(self, hc: SuiteContext) -> None:
         """One v2 call over two pools reports each pool's pages separately."""
@@ -241,19 +289,26 @@ class SemanticsTests(SuiteBase):
         expect_flags(hc.matches(draft, src, hashes, salt=9), [True] * n, "draft bytes after the KV backup")
 
     # ------------------------------------------------------------------ bytes
-    def test_bytes_exact_after_get(self, hc: SuiteContext) -> None:
-        """Every byte (all-zero, all-0xFF, random) reads back exactly; neighbours are untouched."""
+    def test_bytes_exact_after_get(self, hc: SuiteContext, io_path: str) -> None:
+        """Every byte (all-zero, all-0xFF, random) reads back exactly; a get writes nothing but its
+        target slots: not the pages around and between them, not another pool (canaries)."""
         store, pool = hc.kv_store("mha", 8)
+        others = {n: p for n, p in self._other_pools(8).items() if n in hc.caps.pools}
+        for name, other in others.items():
+            store.register_pool(name, other)
         hashes, idx = self.make_page_hashes(8), list(range(8))
         hc.fill(pool, idx, hashes)
         for value, page in ((0x00, 0), (0xFF, 1)):
             for view in pool.page_views([page])[0]:
                 view.fill_(value)
-        assert all(hc.raw(store, IoOp.SET, KV, pool, hashes, idx))
+        assert all(hc.raw(store, IoOp.SET, KV, pool, hashes, idx, io_path))
+        for name, other in others.items():
+            hc.write(store, name, other, hashes, idx, salt=4, path=io_path)
         expected = [[v.clone() for v in views] for views in pool.page_views(idx)]
+        before = {name: [b.clone() for b in other.buffers()] for name, other in others.items()}
         wanted = [0, 1, 3, 6]
         hc.sentinel(pool, idx)
-        assert all(hc.raw(store, IoOp.GET, KV, pool, [hashes[i] for i in wanted], wanted))
+        assert all(hc.raw(store, IoOp.GET, KV, pool, [hashes[i] for i in wanted], wanted, io_path))
         for i, views in zip(idx, pool.page_views(idx)):
             for comp, view, exp in zip(pool.components, views, expected[i]):
                 if i in wanted:
@@ -262,21 +317,45 @@ class SemanticsTests(SuiteBase):
                     assert bool((view == SENTINEL).all()), (
                         f"get wrote into page {i} ({comp!r}), not requested"
                     )
+        for name, other in others.items():
+            same = all(bool((a == b).all()) for a, b in zip(before[name], other.buffers()))
+            assert same, f"a {io_path} get of kv pages wrote into the {name.value!r} pool"
+
+    def _other_pools(self, n: int) -> dict[PoolName, HostPool]:
+        return {
+            PoolName.MAMBA: self.make_mamba_pool(n),
+            PoolName.INDEXER: self.make_indexer_pool(n),
+            PoolName.DRAFT: self.make_draft_pool(n),
+        }
 
     # ------------------------------------------------------------------ clear
-    def test_clear_removes_only_namespace(self, hc: SuiteContext) -> None:
-        """``hicache_clear`` removes this namespace only; new bytes are served after it."""
+    def test_clear_removes_only_namespace(self, hc: SuiteContext, io_path: str) -> None:
+        """``hicache_clear`` removes this namespace only: afterwards exists, get (even of pages just
+        read, which a read cache may hold) and prefetch miss; new bytes are served after it."""
         hc.require_hook("hicache_clear")
+        path = io_path
         store_a, pool_a = hc.kv_store("mha", 6)
         store_b, pool_b = hc.kv_store("mha", 6, model_name=hc.model_name + "-keep")
         hashes, idx = self.make_page_hashes(6), list(range(6))
-        hc.write(store_a, KV, pool_a, hashes, idx, salt=1)
-        hc.write(store_b, KV, pool_b, hashes, idx, salt=2)
+        hc.write(store_a, KV, pool_a, hashes, idx, salt=1, path=path)
+        hc.write(store_b, KV, pool_b, hashes, idx, salt=2, path=path)
+        expect_flags(hc.read(store_a, KV, pool_a, hashes, idx, path), [True] * 6, "get before clear")
         removed = store_a.clear()
         assert removed > 0, f"clear() returned {removed} after 6 pages were stored"
-        expect_flags(hc.raw(store_a, IoOp.EXISTS, KV, pool_a, hashes, idx), [False] * 6, "exists after clear")
-        expect_flags(hc.read(store_b, KV, pool_b, hashes, idx), [True] * 6, "other namespace after clear")
+        expect_flags(
+            hc.raw(store_a, IoOp.EXISTS, KV, pool_a, hashes, idx, path), [False] * 6, "exists after clear"
+        )
+        got = hc.read(store_a, KV, pool_a, hashes, idx, path)
+        expect_flags(
+            got, [False] * 6, f"{path} get after clear (a read served after clear, e.g. from a cache)"
+        )
+        ctl = hc.controller(self.make_kv_pool("mha", 6), path=path)
+        assert ctl.query(hashes).pages == 0, "query after clear"
+        assert ctl.prefetch(hashes, idx).pages == 0, "prefetch after clear"
+        expect_flags(
+            hc.read(store_b, KV, pool_b, hashes, idx, path), [True] * 6, "other namespace after clear"
+        )
         expect_flags(hc.matches(pool_b, idx, hashes, salt=2), [True] * 6, "other namespace bytes")
-        hc.write(store_a, KV, pool_a, hashes, idx, salt=3)
-        expect_flags(hc.read(store_a, KV, pool_a, hashes, idx), [True] * 6, "get after clear + set")
+        hc.write(store_a, KV, pool_a, hashes, idx, salt=3, path=path)
+        expect_flags(hc.read(store_a, KV, pool_a, hashes, idx, path), [True] * 6, "get after clear + set")
         expect_flags(hc.matches(pool_a, idx, hashes, salt=3), [True] * 6, "new bytes after clear + set")

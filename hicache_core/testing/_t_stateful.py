@@ -27,7 +27,7 @@ def _leading(model: dict[str, int], hashes: list[str]) -> int:
 class StatefulTests(SuiteBase):
     """Group ``stateful``."""
 
-    def test_stateful_dict_model(self, hc: SuiteContext) -> None:
+    def test_stateful_dict_model(self, hc: SuiteContext, io_path: str) -> None:
         """Random set / exists / get / query / prefetch / clear / reopen sequences agree with a dict."""
         pytest.importorskip("hypothesis", reason="install hicache-core[testing] (hypothesis) for this test")
         from hypothesis import HealthCheck, Phase, settings
@@ -53,11 +53,11 @@ class StatefulTests(SuiteBase):
                 self.ctl = self._open()
 
             def _open(self) -> CacheController:
-                return hc.controller(self.kv, model_name=self.model_name)
+                return hc.controller(self.kv, model_name=self.model_name, path=io_path)
 
             def _raw(self, op: IoOp, sel: list[int], dst: list[int] | None = None) -> list[bool]:
                 sh = [hashes[i] for i in sel]
-                return hc.raw(self.ctl.store, op, KV, self.kv, sh, dst or sel, path=self.ctl.io_path)
+                return hc.raw(self.ctl.store, op, KV, self.kv, sh, dst or sel, path=io_path)
 
             @rule(sel=pages)
             def set_pages(self, sel: list[int]) -> None:
@@ -105,7 +105,7 @@ class StatefulTests(SuiteBase):
             @precondition(lambda self: persistent)
             @rule()
             def reopen(self) -> None:
-                self.ctl.close()
+                hc.shut(self.ctl)
                 self.ctl = self._open()
 
             def teardown(self) -> None:
@@ -114,7 +114,7 @@ class StatefulTests(SuiteBase):
         run_state_machine_as_test(
             Machine,
             settings=settings(
-                max_examples=self.stateful_examples,
+                max_examples=max(1, self.stateful_examples // len(hc.paths)),  # the budget, split over paths
                 stateful_step_count=self.stateful_steps,
                 deadline=None,
                 database=None,

@@ -8,6 +8,7 @@ template's own ``BackendConformance`` subclass) in subprocesses.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hicache_core.testing import BackendConformance, hookspec_signatures
+from tests.conformance.helpers import subprocess_env, write_dist
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "CONTRIBUTING.md"
@@ -90,7 +92,7 @@ def test_template_installs_and_certifies(tmp_path: Path, v1_signature: str) -> N
     work = tmp_path / "work"
     work.mkdir()
     check = subprocess.run(
-        [*_hicache(), "check", "example", "-q"], cwd=work, env=env,
+        [*_hicache(), "check", "example", "-q", "--json", str(work / "check.json")], cwd=work, env=env,
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     output = check.stdout + check.stderr
@@ -98,6 +100,11 @@ def test_template_installs_and_certifies(tmp_path: Path, v1_signature: str) -> N
     assert "PASSED" in output and "0 failed" in output, output[-3000:]
     passed = int(re.search(r"(\d+) passed, 0 failed", output)[1])  # type: ignore[index]
     assert passed >= 40, output[-3000:]
+    result = json.loads((work / "check.json").read_text())
+    assert result["verdict"] == "passed" and result["totals"]["passed"] == passed
+    assert result["distribution"] == "hicache-example"
+    for group in ("mamba", "indexer", "draft"):  # the template claims every pool, explicitly
+        assert f"pools={group}" not in json.dumps(result["groups"]), result["groups"]
     tests_dir = tmp_path / "hicache-example" / "tests"
     sub = subprocess.run(
         [sys.executable, "-m", "pytest", str(tests_dir / "test_conformance.py"), "-q", "-p", "no:cacheprovider",
@@ -105,3 +112,52 @@ def test_template_installs_and_certifies(tmp_path: Path, v1_signature: str) -> N
         cwd=tests_dir, env=env, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert sub.returncode == 0, f"the template's BackendConformance subclass failed:\n{sub.stdout[-4000:]}"
+
+
+EXAMPLE_RE = re.compile(r"<!-- example: (?P<path>[^ ]+) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
+
+
+def test_copying_v2_example_certifies(tmp_path: Path) -> None:
+    """The guide's "v2 for a copying backend" example passes the v1, v2, pools and draft tests."""
+    examples = {m["path"]: m["body"] for m in EXAMPLE_RE.finditer(_guide())}
+    site = write_dist(
+        tmp_path / "site",
+        "hicache-example-v2",
+        {"example-v2": "hicache_example_v2:ExampleV2Backend"},
+        {
+            "hicache_example": _templates()["hicache-example/hicache_example/__init__.py"],
+            "hicache_example_v2": examples["hicache_example_v2.py"],
+        },
+    )
+    out = tmp_path / "v2.json"
+    check = subprocess.run(
+        [*_hicache(), "check", "example-v2", "-q", "--json", str(out), "--", "-k", "v1 or v2 or pools or draft"],
+        cwd=tmp_path, env=subprocess_env(site), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert check.returncode == 0, check.stdout[-6000:] + check.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["verdict"] == "passed", result["groups"]
+    v2 = result["groups"]["v2"]
+    assert v2["passed"] > 0 and not [r for r in v2["skip_reasons"] if "capabilities.v2" in r], v2
+    assert result["groups"]["pools"]["passed"] > 0 and result["groups"]["draft"]["passed"] > 0
+
+
+def test_guide_states_the_namespace_rule_the_core_follows() -> None:
+    """One rule for hicache_clear: the bare namespace is passed; keys start with namespace + ".".
+
+    The dot matters: a namespace can be a string prefix of another one (a model named after it),
+    so a prefix match without the dot would clear the other model's pages too.
+    """
+    import hicache_core as hc
+    from hicache_core.paging.keys import KeyScheme
+
+    guide = _guide()
+    assert 'starts with `namespace + "."`' in guide and "without a trailing `.`" in guide
+    a = KeyScheme(hc.StorageConfig(model_name="m"))
+    b = KeyScheme(hc.StorageConfig(model_name=a.namespace + "-x"))
+    assert not a.namespace.endswith(".")
+    for scheme in (a, b):
+        (prefix,) = scheme.prefixes(hc.PoolName.KV, ["k"], replicated=False)
+        assert prefix.startswith(scheme.namespace + ".")
+    (b_prefix,) = b.prefixes(hc.PoolName.KV, ["k"], replicated=False)
+    assert b_prefix.startswith(a.namespace) and not b_prefix.startswith(a.namespace + ".")

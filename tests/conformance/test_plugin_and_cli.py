@@ -11,9 +11,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from xml.etree import ElementTree
 
 from hicache_core.cli.check import summarize
-from tests.conformance.helpers import subprocess_env
+from tests.conformance.helpers import subprocess_env, write_dist
 
 
 def _run(args: list[str], site: Path, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -139,7 +140,8 @@ def test_check_broken_backend_fails(broken_site: Path, tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "FAILED test_prefix_hole_ends_prefix" in proc.stdout
-    assert "FAILED - 3 passed, 3 failed" in proc.stdout, proc.stdout[-2000:]
+    m = re.search(r"FAILED - 3 passed, (\d+) failed", proc.stdout)  # discovery passes; prefix tests fail
+    assert m and int(m[1]) >= 3, proc.stdout[-2000:]
 
 
 def test_check_nothing_selected_is_not_success(broken_site: Path, tmp_path: Path) -> None:
@@ -165,3 +167,102 @@ def test_summarize_groups_outcomes() -> None:
     assert summary["v2"].skipped == 2 and summary["v2"].reasons == {"no v2": 2}
     assert summary["shared"].xfailed == 1
     assert summary["other"].passed == 1
+
+
+# ------------------------------------------------------------ machine-readable results
+def test_check_json_and_junitxml(broken_site: Path, tmp_path: Path) -> None:
+    out, xml = tmp_path / "results" / "check.json", tmp_path / "check.xml"
+    args = ["check", "good-memory", "-q", "--json", str(out), "--junitxml", str(xml), "--", "-k", "discovery"]
+    proc = _run(_hicache(*args), broken_site, tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["schema"] == "hicache-check/1" and data["backend"] == "good-memory"
+    assert data["verdict"] == "passed" and data["exit_code"] == 0 and data["contract_error"] is None
+    assert data["distribution"] == "hicache-broken-backends"
+    assert data["totals"] == {"passed": 3, "failed": 0, "skipped": 0, "xfailed": 0}
+    assert data["groups"]["discovery"]["passed"] == 3
+    assert {t["test"] for t in data["tests"]} == {
+        "test_discovery_entry_point_resolves",
+        "test_discovery_metadata",
+        "test_discovery_open_close",
+    }
+    assert all(t["group"] == "discovery" and t["outcome"] == "passed" for t in data["tests"])
+    cases = ElementTree.parse(xml).getroot().iter("testcase")
+    assert len([c for c in cases if c.get("name", "").startswith("test_discovery")]) == 3
+
+
+def test_check_json_reports_failures_and_errors(broken_site: Path, tmp_path: Path) -> None:
+    out = tmp_path / "holes.json"
+    proc = _run(
+        _hicache("check", "broken-holes", "-q", "--json", str(out), "--", "-k", "prefix or discovery"),
+        broken_site, tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "failed" and data["exit_code"] == 1
+    assert data["totals"]["passed"] == 3 and data["totals"]["failed"] >= 3
+    assert any(f.startswith("test_prefix_hole_ends_prefix") for f in data["groups"]["prefix"]["failures"])
+    failed = [t for t in data["tests"] if t["outcome"] == "failed"]
+    assert len(failed) == data["totals"]["failed"] and all(
+        t["group"] == "prefix" and t["detail"] for t in failed
+    )
+
+    out = tmp_path / "unknown.json"
+    proc = _run(_hicache("check", "nosuch", "--json", str(out)), broken_site, tmp_path)
+    assert proc.returncode == 2 and "Installed backends" in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "error" and data["exit_code"] == 2 and "Installed backends" in data["error"]
+
+
+LAX_OPTIONS = '''
+from pydantic import ConfigDict
+from tests.support.membackend import MemoryBackend
+
+
+class LaxOptions(MemoryBackend):
+    """Breaks: CONTRIBUTING.md 1.3, `Options` must forbid extras."""
+
+    class Options(MemoryBackend.Options):
+        model_config = ConfigDict(extra="allow")
+'''
+
+
+def test_options_defect_is_reported_by_the_suite_not_refused(tmp_path: Path) -> None:
+    site = write_dist(
+        tmp_path / "lax",
+        "hicache-lax",
+        {"lax-options": "hicache_lax:LaxOptions"},
+        {"hicache_lax": LAX_OPTIONS},
+    )
+    out = tmp_path / "lax.json"
+    proc = subprocess.run(
+        _hicache("check", "lax-options", "-q", "--json", str(out), "--", "-k", "discovery or contract"),
+        cwd=tmp_path, env=subprocess_env(site), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]  # failing tests, not exit 2
+    assert "forbid unknown fields" in proc.stdout and "Traceback" not in proc.stderr
+    data = json.loads(out.read_text())
+    assert data["verdict"] == "failed" and "forbid unknown fields" in data["contract_error"]
+    assert data["groups"]["contract"]["failed"] >= 1
+    assert any(
+        "forbid unknown fields" in t["detail"] for t in data["tests"] if t["outcome"] in ("failed", "error")
+    )
+    # the pytest plugin does not refuse it either: the suite runs and fails
+    proc = subprocess.run(
+        _pytest("--pyargs", "hicache_core.testing", "--hicache-backend", "lax-options", "-q", "-k", "contract"),
+        cwd=tmp_path, env=subprocess_env(site), capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "forbid unknown fields" in proc.stdout
+
+
+def test_closed_pipe_ends_quietly(broken_site: Path, tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        _hicache("backends", "--json"), cwd=tmp_path, env=subprocess_env(broken_site),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first write (`hicache backends --json | head -0`)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err and "Exception ignored" not in err

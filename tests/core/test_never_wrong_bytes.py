@@ -120,7 +120,9 @@ def test_timed_out_backup_never_publishes_the_next_requests_bytes(
         )
 
 
-def test_timed_out_prefetch_never_writes_into_freed_slots(tmp_path: Path, stall_released: list[Stall]) -> None:
+def test_timed_out_prefetch_never_writes_into_freed_slots(
+    tmp_path: Path, stall_released: list[Stall]
+) -> None:
     """Item 2: after a prefetch is reported failed by io_timeout_s, the stalled read never lands
     in the host slots the engine has freed and reused."""
     kv = _kv()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,8 +100,140 @@ def test_missing_dependency_names_distribution_and_module(tmp_path: Path) -> Non
         with pytest.raises(hc.BackendUnavailableError) as info:
             hc.load_backend_class("thing")
     msg = str(info.value)
-    assert "hicache-thing" in msg and "not_a_real_sdk_xyz" in msg and "pip install" in msg
+    assert "hicache-thing" in msg and "not_a_real_sdk_xyz" in msg
     assert "thing = 'thirdparty_thing:Backend'" in msg
+    # an import name is not a distribution name: never `pip install not_a_real_sdk_xyz`
+    assert "pip install" not in msg and "does not declare" in msg
+
+
+def test_missing_declared_dependency_says_reinstall_the_plugin(tmp_path: Path) -> None:
+    with _install(tmp_path, "import not_a_real_sdk_xyz\n" + GOOD) as site:
+        (metadata,) = site.glob("*.dist-info/METADATA")
+        with metadata.open("a") as f:
+            f.write("Requires-Dist: Not_A_Real-SDK-xyz>=1.2; python_version >= '3'\n")
+        with pytest.raises(hc.BackendUnavailableError) as info:
+            hc.load_backend_class("thing")
+    msg = str(info.value)
+    assert "'Not_A_Real-SDK-xyz>=1.2'" in msg and "reinstall hicache-thing" in msg
+    assert "pip install Not" not in msg and "pip install not" not in msg
+
+
+def test_entry_point_module_typo_is_a_contract_error_never_an_install(tmp_path: Path) -> None:
+    with installed_dist(
+        tmp_path / "site",
+        "hicache-thing",
+        {"hicache.backends": {"thing": "thirdparty_thnig:Backend"}},
+        {"thirdparty_thing": GOOD},
+    ):
+        with pytest.raises(hc.BackendContractError) as info:
+            hc.load_backend_class("thing")
+        row = _registry.describe_backend("thing")
+    msg = str(info.value)
+    assert "pip install" not in msg, msg
+    assert (
+        "'thirdparty_thnig'" in msg and "does not exist" in msg and "did you mean 'thirdparty_thing'" in msg
+    )
+    assert "hicache-thing" in msg and "entry point 'thing'" in msg
+    assert row["status"].startswith("broken: ")
+
+
+def test_module_dot_class_entry_point_is_diagnosed(tmp_path: Path) -> None:
+    with installed_dist(
+        tmp_path / "site",
+        "hicache-thing",
+        {"hicache.backends": {"thing": "thirdparty_thing.Backend"}},
+        {"thirdparty_thing": GOOD},
+    ):
+        with pytest.raises(hc.BackendContractError) as info:
+            hc.load_backend_class("thing")
+    msg = str(info.value)
+    assert "'module:Class'" in msg and "'thirdparty_thing:Backend'" in msg and "pip install" not in msg
+
+
+def test_entry_point_naming_a_module_suggests_the_class(tmp_path: Path) -> None:
+    with installed_dist(
+        tmp_path / "site",
+        "hicache-thing",
+        {"hicache.backends": {"thing": "thirdparty_thing"}},
+        {"thirdparty_thing": GOOD},
+    ):
+        with pytest.raises(hc.BackendContractError, match="thirdparty_thing:Backend"):
+            hc.load_backend_class("thing")
+
+
+def test_missing_module_of_an_installed_distribution_is_not_an_install(tmp_path: Path) -> None:
+    with _install(tmp_path, "import hicache_core.no_such_module_xyz\n" + GOOD):
+        with pytest.raises(hc.BackendUnavailableError) as info:
+            hc.load_backend_class("thing")
+    msg = str(info.value)
+    assert "'hicache_core.no_such_module_xyz'" in msg and "hicache-core" in msg and "is installed" in msg
+    assert "pip install" not in msg
+
+
+def test_unknown_name_near_miss_never_suggests_an_install(tmp_path: Path) -> None:
+    with _install(tmp_path, GOOD):
+        with pytest.raises(hc.BackendNotFoundError) as info:
+            hc.load_backend_class("thnig")
+    assert "Did you mean 'thing'?" in str(info.value) and "pip install" not in str(info.value)
+    with pytest.raises(hc.BackendNotFoundError) as info:
+        hc.load_backend_class("zz-nothing-like-it")
+    assert "pip install" not in str(info.value)
+
+
+def test_unknown_project_backend_names_its_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_registry, "_filtered", lambda group, environ: ({}, set()))
+    with pytest.raises(hc.BackendNotFoundError) as info:
+        hc.load_backend_class("mooncake")
+    assert "`pip install hicache-mooncake`" in str(info.value)
+
+
+def test_unvalidated_load_returns_a_broken_class(tmp_path: Path) -> None:
+    with _install(tmp_path, GOOD.replace('extra="forbid"', 'extra="allow"')):
+        with pytest.raises(hc.BackendContractError):
+            hc.load_backend_class("thing")
+        cls = _registry.load_backend_class("thing", validate=False)
+    assert cls.__name__ == "Backend"
+
+
+PATHS = """
+from pathlib import Path
+from typing import Optional
+from pydantic import BaseModel, DirectoryPath, Field, FilePath, NewPath
+
+class Options(BaseModel):
+    path: Path | None = None
+    legacy: Optional[Path] = None
+    fixed: Path = Path("/nonexistent/x")
+    cache: DirectoryPath | None = None
+    new: NewPath | None = None
+    prefix: str | None = Field(None, json_schema_extra={"format": "path"})
+    root: str | None = None
+    existing: FilePath | None = None
+    paths: list[Path] = []
+    name: str = "x"
+    size: int = 1
+"""
+
+
+def test_path_options_by_type_or_marker_not_by_name(tmp_path: Path) -> None:
+    ns: dict[str, Any] = {}
+    exec(compile(PATHS, "paths_options", "exec", dont_inherit=True), ns)  # real annotations
+    options = ns["Options"]
+    assert _registry.path_options(options) == {
+        "path": "path",
+        "legacy": "path",
+        "fixed": "path",
+        "cache": "dir",
+        "new": "path",
+        "prefix": "path",
+        "root": "path",  # LEGACY_PATH_OPTIONS: str fields of backends written before
+    }
+    out = _registry.with_fresh_paths(options, {"path": "/mine", "size": 2}, tmp_path)
+    assert out["path"] == "/mine" and out["size"] == 2
+    assert out["legacy"] == str(tmp_path / "hicache-legacy") and not (tmp_path / "hicache-legacy").exists()
+    assert (tmp_path / "hicache-cache").is_dir()  # a DirectoryPath must exist
+    assert "existing" not in out and "paths" not in out and "name" not in out
+    options.model_validate(out)  # every filled value is valid for the model
 
 
 @pytest.mark.parametrize(
@@ -208,3 +341,43 @@ def test_wrong_result_shapes_are_contract_errors(tmp_path: Path) -> None:
             with hc.open_store(hc.StorageConfig(backend="thing")) as store:
                 with pytest.raises(hc.BackendContractError, match=needle.split()[0]):
                     store.batch_io_v1("exists", ["a", "b"])
+
+
+def test_clear_returning_none_is_a_contract_error(tmp_path: Path) -> None:
+    source = (
+        GOOD
+        + """
+    @hookimpl
+    def hicache_clear(self, namespace):
+        self.cleared = namespace
+"""
+    )
+    with _install(tmp_path, source):
+        with hc.open_store(hc.StorageConfig(backend="thing")) as store:
+            with pytest.raises(hc.BackendContractError) as info:
+                store.clear()
+            backend = store.backend
+    assert "hicache_clear returned None" in str(info.value) and "number of objects" in str(info.value)
+    # the rule: the bare namespace is passed; keys start with namespace + "."
+    assert backend.cleared == store.keys.scheme.namespace and not backend.cleared.endswith(".")
+
+
+@pytest.mark.parametrize(
+    ("result", "ok"), [("3", True), ("0", True), ("-1", False), ("True", False), ("'3'", False)]
+)
+def test_clear_result_must_be_a_count(tmp_path: Path, result: str, ok: bool) -> None:
+    source = (
+        GOOD
+        + f"""
+    @hookimpl
+    def hicache_clear(self, namespace):
+        return {result}
+"""
+    )
+    with _install(tmp_path, source):
+        with hc.open_store(hc.StorageConfig(backend="thing")) as store:
+            if ok:
+                assert store.clear() == int(result)
+            else:
+                with pytest.raises(hc.BackendContractError, match="int >= 0"):
+                    store.clear()

@@ -12,7 +12,16 @@ from collections.abc import Sequence
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from hicache_core import Capabilities, DraftIo, DraftIoMode, IoOp, PoolName, PoolTransfer, hookimpl
+from hicache_core import (
+    Capabilities,
+    DraftIo,
+    DraftIoMode,
+    IoOp,
+    PoolName,
+    PoolTransfer,
+    check_keys,
+    hookimpl,
+)
 
 SHARED: dict[str, bytes] = {}
 
@@ -26,6 +35,7 @@ class MemoryBackend:
         raise_on: list[str] = []
         raise_ops: list[str] = []  # v2 calls of these ops ("exists", "set", "get") raise
         fail_every: int = 0  # v2 SET / GET report every k-th page of a transfer failed (k > 0)
+        stray_get_write: bool = False  # a v2 GET also zeroes the host page after the last one read
 
     capabilities = Capabilities(
         v1=True, v2=True, persistent=False, shared=False, draft_io=DraftIoMode.GENERIC
@@ -52,6 +62,7 @@ class MemoryBackend:
         return DraftIo(mode, "memory backend")
 
     def _io(self, op: IoOp, keys: Sequence[str], buffers) -> list[bool]:
+        check_keys(keys)  # the hooks may be called directly: refuse unsafe keys (KeyFormatError)
         out = []
         with self.lock:
             for i, key in enumerate(keys):
@@ -101,6 +112,11 @@ class MemoryBackend:
                 flags = self._io(op, keys, v if op is not IoOp.EXISTS else None)
                 page_ok.append(all(flags))
             results.append(page_ok)
+            if self.options.stray_get_write and op is IoOp.GET and len(t):
+                after = max(t.host_indices) + 1
+                if after < pool.num_pages:
+                    for view in pool.page_views([after])[0]:
+                        view.zero_()
         return results
 
     @hookimpl
