@@ -84,10 +84,7 @@ def test_no_private_name_crosses_a_package() -> None:
         me = _module_name(path)
         my_package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
         for target, names, line in _imports(path):
-            target_package = target.rsplit(".", 1)[0] if any(
-                p.startswith("_") for p in target.split(".")[-1:]
-            ) else target
-            same = target_package == my_package or target.startswith(my_package + ".") or target == my_package
+            same = target == my_package or target.startswith(my_package + ".")
             private_module = any(p.startswith("_") and p != "__init__" for p in target.split(".")[1:])
             private_names = [n for n in names if n.startswith("_")]
             if not same and (private_module or private_names):
