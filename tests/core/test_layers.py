@@ -141,6 +141,8 @@ def test_plugins_use_only_public_core_names() -> None:
                 mod = node.module if isinstance(node, ast.ImportFrom) and not node.level else None
                 if mod and mod.startswith("hicache_core"):
                     names = [a.name for a in node.names]
-                    if any(p.startswith("_") for p in mod.split(".")) or any(n.startswith("_") for n in names):
+                    if any(p.startswith("_") for p in mod.split(".")) or any(
+                        n.startswith("_") for n in names
+                    ):
                         bad.append(f"{path.relative_to(ROOT)}:{node.lineno}: from {mod} import {names}")
     assert not bad, "\n".join(bad)
