@@ -27,7 +27,7 @@ _MODEL_HELP = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config",
-        metavar="FILE",
+        metavar="PATH",
         help="hicache config file (.toml/.yaml/.json; default $HICACHE_CONFIG), read like every other "
         "entry point: the file, then HICACHE_* variables, then --backend/--options. The model identity "
         "(name, dtype, ranks, layout) comes from --model",
@@ -114,7 +114,7 @@ def load_bench_config(args: argparse.Namespace) -> tuple[Any, str]:
         config = load_config(args.config, **overrides)
     file = args.config or os.environ.get(ENV_PREFIX + "CONFIG") or None
     env = [v.name for v in CONFIG_VARS if v.name in os.environ]
-    sources = [f"file {file}"] if file else []
+    sources = [f"config {file}"] if file else []
     sources += ["HICACHE_* environment"] if env else []
     sources += ["command line"] if overrides else []
     return config, " + ".join(sources) or "defaults"

@@ -40,11 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--json",
-        metavar="FILE",
+        metavar="PATH",
         default=None,
-        help=f"write the result as JSON to FILE (schema {JSON_SCHEMA!r}: verdict, totals, groups, tests)",
+        help=f"write the result as JSON to PATH (schema {JSON_SCHEMA!r}: verdict, totals, groups, tests)",
     )
-    parser.add_argument("--junitxml", metavar="FILE", default=None, help="write pytest's JUnit XML report")
+    parser.add_argument("--junitxml", metavar="PATH", default=None, help="write pytest's JUnit XML report")
     parser.add_argument("-q", "--quiet", action="store_true", help="hide pytest's progress output")
     parser.epilog = "Arguments after `--` go to pytest, e.g. `hicache check file -- -k v1 -x`."
 

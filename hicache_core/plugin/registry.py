@@ -502,21 +502,25 @@ def path_options(options_model: Any) -> dict[str, str]:
         kind = kind or _path_kind(getattr(field, "annotation", None), getattr(field, "metadata", ()))
         if kind is None and name in LEGACY_PATH_OPTIONS:
             kind = "path"
-        if kind is not None and kind != "file":
+        if kind in ("path", "dir"):  # an existing-file field (pydantic FilePath) is the user's to give
             out[name] = kind
     return out
 
 
 def _path_kind(annotation: Any, metadata: Any = ()) -> str | None:
-    """``"path"`` / ``"dir"`` / ``"file"`` when ``annotation`` (through unions and ``Annotated``)
+    """``"path"`` / ``"dir"`` / ``"existing"`` (must exist as a regular file) when ``annotation`` (through unions and ``Annotated``)
     is a path type, else ``None``."""
     import typing
     from pathlib import PurePath
 
     for m in metadata or ():
-        kind = getattr(m, "path_type", None)  # pydantic's PathType('dir' | 'file' | 'new')
-        if kind in ("dir", "file", "new"):
-            return "path" if kind == "new" else str(kind)
+        kind = getattr(m, "path_type", None)  # pydantic's PathType: 'dir', 'new' or an existing file
+        if kind == "dir":
+            return "dir"
+        if kind == "new":
+            return "path"
+        if kind is not None:
+            return "existing"
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         base, *meta = typing.get_args(annotation)

@@ -77,7 +77,7 @@ def _snapshot(root: Path) -> dict[str, tuple[str, int, str]]:
                 if os.path.isfile(full) and size <= 1 << 20:
                     with open(full, "rb") as f:
                         digest = hashlib.sha256(f.read()).hexdigest()
-                out[rel] = ("file", size, digest)
+                out[rel] = ("regular", size, digest)
             else:
                 out[rel] = ("dir", 0, "")
     return out

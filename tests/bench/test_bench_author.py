@@ -67,7 +67,7 @@ def test_bench_config_file_with_a_path_option_leaves_nothing_behind(
     config.write_text('backend = "example"\n\n[options]\n\n[controller]\nio_threads = 3\n')
     report = _bench(example_site, tmpdir, "--config", str(config))
     assert report["backend"] == "example" and report["io_threads"] == 3  # the file's settings
-    assert report["config"] == f"file {config}"
+    assert report["config"] == f"config {config}"
     assert "os.write" in report["baseline"]  # raw files next to the `path` option, not memcpy
     cleanup = report["cleanup"]
     assert cleanup["left_behind"] is False and isinstance(cleanup["cleared"], int) and cleanup["cleared"] > 0
@@ -95,7 +95,7 @@ def test_bench_hicache_config_variable_and_command_line_override(example_site: P
     config.write_text("backend: file\noptions:\n  fsync: false\n")
     report = _bench(example_site, tmpdir, "--backend", "example", env={"HICACHE_CONFIG": str(config)})
     assert report["backend"] == "example"  # --backend wins; the file backend's options are dropped
-    assert report["config"] == f"file {config} + command line"
+    assert report["config"] == f"config {config} + command line"
     assert sorted(os.listdir(tmpdir)) == []
 
 

@@ -7,6 +7,10 @@ names (``mooncake``, ``hf3fs``, ``eic``, ``nixl``, ``simm``) as a word; ``file``
 the whole literal, because it is an ordinary English word in messages. An identifier is flagged
 when one of its ``_``-separated words is a distinctive name (``is_mooncake``, ``use_nixl``...).
 
+One table is exempt: ``_PROJECT_DISTRIBUTIONS`` in ``plugin/registry.py`` maps this project's
+backend names to their distributions, so that a user who typed exactly one of those names is told
+which distribution provides it (an install hint, never a code path).
+
 One use is allowed: the literal ``"file"`` as a *default value* (a parameter default, a class-level
 field default, the first argument of ``Field(...)`` or ``default=``), because design §7 makes the file backend the
 operator's default. It chooses what an operator gets when they name nothing; it never steers a
@@ -28,6 +32,7 @@ NAMES = ("file", "mooncake", "hf3fs", "eic", "nixl", "simm")
 DISTINCT = NAMES[1:]
 WORD = re.compile(r"(?<![a-z0-9])(" + "|".join(DISTINCT) + r")(?![a-z0-9])")
 DEFAULT_OK = "file"
+HINT_TABLE = "_PROJECT_DISTRIBUTIONS"
 
 
 @dataclass(frozen=True)
@@ -83,10 +88,17 @@ def scan(source: str, where: str) -> tuple[list[Finding], int]:
     """``(findings, number of string literals scanned)`` for one module's source."""
     tree = ast.parse(source)
     docs, defaults = _docstrings(tree), _default_positions(tree)
+    hints = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == HINT_TABLE for t in node.targets)
+        for n in ast.walk(node.value)
+    }
     findings: list[Finding] = []
     literals = 0
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs | hints:
             literals += 1
             text = node.value.strip().lower()
             if text in NAMES or WORD.search(node.value.lower()):
