@@ -243,7 +243,9 @@ def test_v1_counts_the_pool_the_call_names(memory_backends) -> None:
         ix_views = [v for page in idx.page_views(range(2)) for v in page]
         store.batch_io_v1("set", ["x.kv.k.0.a", "x.kv.k.0.b"], ix_views, PoolName.INDEXER)  # kv-like keys
         # page 0 whole; page 1 lacks its v, page 2 its k: 1 page done, 4 components (256 bytes) read
-        got = store.batch_io_v1("get", ["a.k", "a.v", "b.k", "missing.v", "missing.k", "b.v"], [k0, v0, k1, v1, k0, v0])
+        got = store.batch_io_v1(
+            "get", ["a.k", "a.v", "b.k", "missing.v", "missing.k", "b.v"], [k0, v0, k1, v1, k0, v0]
+        )
         assert got == [True, True, True, False, False, True]
         assert store.batch_io_v1("exists", ["a.k", "a.v", "b.k", "missing.v"]) == [True, True, True, False]
         pools = ext.snapshot()["pools"]
