@@ -10,36 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig, PoolName
+from hicache_sglang.testing import ADAPTER_LOADER, sglang_config
+from sglang.srt.mem_cache.hicache_storage import PoolName
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 
-ADAPTER_LOADER = {"backend_name": "hicache", "module_path": "hicache_sglang", "class_name": "HiCacheAdapter"}
-
-
-def sglang_config(
-    extra_config: dict[str, Any],
-    *,
-    is_mla: bool = False,
-    tp_rank: int = 0,
-    tp_size: int = 1,
-    model: str | None = None,
-    page_first: bool = True,
-    metrics: bool = False,
-) -> HiCacheStorageConfig:
-    """SGLang's own storage config, filled as ``HiCacheController._generate_storage_config`` does."""
-    return HiCacheStorageConfig(
-        tp_rank=tp_rank,
-        tp_size=tp_size,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=is_mla,
-        enable_storage_metrics=metrics,
-        is_page_first_layout=page_first,
-        model_name=model,
-        extra_config=dict(extra_config),
-    )
+__all__ = ["ADAPTER_LOADER", "create", "sglang_config"]
 
 
 def create(
