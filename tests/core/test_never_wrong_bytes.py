@@ -43,8 +43,7 @@ class Stall:
         self.gate.wait(30)
         return True
 
-    @hc.hookimpl(wrapper=True)
-    def hicache_batch_io_v1(self, op: Any) -> Generator[None, Any, Any]:
+    def _around(self, op: Any) -> Generator[None, Any, Any]:
         held = self._hold(op)
         try:
             return (yield)
@@ -53,13 +52,12 @@ class Stall:
                 self.finished.set()
 
     @hc.hookimpl(wrapper=True)
+    def hicache_batch_io_v1(self, op: Any) -> Generator[None, Any, Any]:
+        return (yield from self._around(op))
+
+    @hc.hookimpl(wrapper=True)
     def hicache_batch_io_v2(self, op: Any) -> Generator[None, Any, Any]:
-        held = self._hold(op)
-        try:
-            return (yield)
-        finally:
-            if held:
-                self.finished.set()
+        return (yield from self._around(op))
 
     def release(self) -> None:
         self.gate.set()
