@@ -22,8 +22,10 @@
  *   are hashed, so Python code run by an item's __index__ (which may mutate the list) can only
  *   cause an error, never an out-of-bounds read. The list's length is checked again at the end.
  * - Buffers are read through a Py_buffer view held for the whole call, after checking ndim,
- *   shape, itemsize, format and length. The GIL is released only while hashing that view or
- *   the call's own copy of a list's words, and writing digests to memory the call owns.
+ *   shape, itemsize, format and length. For inputs of NOGIL_MIN_BYTES or more the GIL is
+ *   released only while hashing that view or the call's own copy of a list's words, and
+ *   writing digests to memory the call owns. Smaller inputs are hashed with the GIL held (each
+ *   page's str is made while the next page is hashed), reading the same view or copy.
  * - The result list is created only once all its strs exist and is filled without allocating,
  *   so no Python code (a gc callback, say) can ever see it with an empty slot.
  * - SHA-256 is OpenSSL's (libcrypto's SHA256_Init/SHA256_Update/SHA256_Final, the same code,
@@ -129,20 +131,31 @@ static void hex_digest(const uint8_t *digest, char *hex) {
     }
 }
 
-/* The result: a list of the lowercase hex strs of n digests (32 bytes each). All strs are
- * made before the list exists, and filling it allocates nothing, so no Python code (a gc
- * callback, say) can ever observe the list with empty slots. */
-static PyObject *hex_list(const uint8_t *digests, size_t n) {
+/* The result: a list of the lowercase hex strs of the n full pages of data, chained from c
+ * (digests: 32 bytes per page). Pages [0, hashed) already have their digests; this hashes the
+ * others, and makes each page's str after hashing the next page: a page's SHA-256 rounds each
+ * wait on the previous one's result, and the CPU runs the str's allocation and copy in those
+ * gaps (measured in benchmarks/README.md, "The core's page hashing"). All strs are made before
+ * the list exists, and filling it allocates nothing, so no Python code (a gc callback, say)
+ * can ever observe the list with empty slots. */
+static PyObject *hex_list(chain_t *c, const uint8_t *data, size_t hashed, size_t n, uint8_t *digests) {
     PyObject **strs, *list = NULL;
     size_t made = 0;
     if (n > (size_t)PY_SSIZE_T_MAX / sizeof(PyObject *)) return PyErr_NoMemory();
     strs = PyMem_Malloc(n * sizeof(PyObject *) + 1);
     if (strs == NULL) return PyErr_NoMemory();
-    for (; made < n; made++) {
-        char hex[HEX_CHARS];
-        hex_digest(digests + made * DIGEST_BYTES, hex);
-        strs[made] = PyUnicode_DecodeASCII(hex, HEX_CHARS, NULL);
-        if (strs[made] == NULL) break;
+    for (size_t p = 0; p <= n; p++) {
+        if (p >= hashed && p < n && chain_page(c, data + p * c->page_bytes, digests + p * DIGEST_BYTES) < 0) {
+            PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-256 failed");
+            break;
+        }
+        if (p > 0) {
+            char hex[HEX_CHARS];
+            hex_digest(digests + (p - 1) * DIGEST_BYTES, hex);
+            strs[p - 1] = PyUnicode_DecodeASCII(hex, HEX_CHARS, NULL);
+            if (strs[p - 1] == NULL) break;
+            made = p;
+        }
     }
     if (made == n) list = PyList_New((Py_ssize_t)n);
     if (list != NULL) {
@@ -327,17 +340,18 @@ static int check_buffer(const Py_buffer *view, int *is_signed) {
     return 0;
 }
 
-/* Digest every full page of data (n_words little-endian words), chained, into digests
- * (32 bytes per page), after checking signs if check_sign. data must stay valid and unmoved:
- * a held buffer view or memory owned by the call. Without the GIL when the input is large. */
-static int hash_words(chain_t *c, const uint8_t *data, size_t n_words, size_t page_size, int check_sign,
-                      uint8_t *digests) {
+/* Check signs if check_sign, then, for a large input, digest every full page of data (n_words
+ * little-endian words), chained, into digests (32 bytes per page), without the GIL; hex_list
+ * hashes a small input's pages. data must stay valid and unmoved: a held buffer view or memory
+ * owned by the call. Returns the number of pages hashed, or -1 with an exception set. */
+static Py_ssize_t check_and_hash_large(chain_t *c, const uint8_t *data, size_t n_words, size_t page_size,
+                                       int check_sign, uint8_t *digests) {
     const size_t n_pages = n_words / page_size;
     Py_ssize_t negative = -1;
     int failed = 0;
     PyThreadState *released = n_words * 4 >= NOGIL_MIN_BYTES ? PyEval_SaveThread() : NULL;
     if (check_sign) negative = first_negative(data, n_words);
-    for (size_t p = 0; negative < 0 && !failed && p < n_pages; p++)
+    for (size_t p = 0; released != NULL && negative < 0 && !failed && p < n_pages; p++)
         failed = chain_page(c, data + p * c->page_bytes, digests + p * DIGEST_BYTES) < 0;
     if (released != NULL) PyEval_RestoreThread(released);
     if (negative >= 0) {
@@ -352,7 +366,7 @@ static int hash_words(chain_t *c, const uint8_t *data, size_t n_words, size_t pa
         PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-256 failed");
         return -1;
     }
-    return 0;
+    return released != NULL ? (Py_ssize_t)n_pages : 0;
 }
 
 /* ---- the entry point -------------------------------------------------------------------------- */
@@ -360,7 +374,8 @@ static int hash_words(chain_t *c, const uint8_t *data, size_t n_words, size_t pa
 static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
     PyObject *tokens, *prior_obj = Py_None, *out = NULL;
     Py_ssize_t page_size;
-    int check_sign = 0, have_view = 0, rc = -1;
+    int check_sign = 0, have_view = 0;
+    Py_ssize_t hashed;
     size_t n_words = 0, n_pages = 0;
     const uint8_t *data = NULL;
     uint8_t *owned = NULL, *digests = NULL; /* the words of a list/tuple; the page digests */
@@ -420,13 +435,12 @@ static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if (hash_words(&chain, data, n_words, (size_t)page_size, check_sign, digests) < 0) goto done;
-    rc = 0;
+    hashed = check_and_hash_large(&chain, data, n_words, (size_t)page_size, check_sign, digests);
+    if (hashed >= 0) out = hex_list(&chain, data, (size_t)hashed, n_pages, digests);
 
 done:
     if (have_view) PyBuffer_Release(&view);
     PyMem_Free(owned);
-    if (rc == 0) out = hex_list(digests, n_pages);
     PyMem_Free(digests);
     return out;
 }

@@ -272,7 +272,7 @@ good_priors = (
 )
 def test_random_valid_inputs(words: list[int], page_size: int, prior: str | None, form: str) -> None:
     def make() -> tuple[object, object, object]:
-        tokens: object = {
+        makers: dict[str, Callable[[], object]] = {
             "list": lambda: list(words),
             "tuple": lambda: tuple(words),
             "array-I": lambda: array("I", words),
@@ -281,8 +281,8 @@ def test_random_valid_inputs(words: list[int], page_size: int, prior: str | None
             "memoryview": lambda: memoryview(array("I", words)),
             "cast": lambda: memoryview(array("I", words).tobytes()).cast("I"),
             "range": lambda: range(len(words)),
-        }[form]()
-        return tokens, page_size, prior
+        }
+        return makers[form](), page_size, prior
 
     result = assert_twins(make)
     values = list(range(len(words))) if form == "range" else words
@@ -299,6 +299,21 @@ def test_page_sizes_around_the_scratch_buffer(page_size: int, n_words: int, prio
     expected = reference(words, page_size, bytes.fromhex(prior) if prior else None)
     assert assert_twins(lambda: (list(words), page_size, prior)) == ("ok", expected)
     assert assert_twins(lambda: (array("I", words), page_size, prior)) == ("ok", expected)
+
+
+@pytest.mark.parametrize("n_words", [16_383, 16_384])  # just under / at 64 KiB, hashed without the GIL
+@pytest.mark.parametrize("page_size", [1, 64, 600])
+def test_both_sides_of_the_gil_release_size(n_words: int, page_size: int) -> None:
+    """Below 64 KiB the pages are hashed with the GIL held, each page's str made while the next
+    page is hashed; from 64 KiB they are all hashed first, without the GIL. Same hashes, and an
+    int32 buffer's negative last word is refused either way."""
+    words = [(i * 2654435761) % 2**31 for i in range(n_words)]
+    prior = hashlib.sha256(b"prior").hexdigest()
+    expected = reference(words, page_size, bytes.fromhex(prior))
+    assert assert_twins(lambda: (array("I", words), page_size, prior)) == ("ok", expected)
+    assert assert_twins(lambda: (list(words), page_size, prior)) == ("ok", expected)
+    negative = array("i", [*words[:-1], -1])
+    assert assert_twins(lambda: (negative, page_size, prior)) == ("raised", BatchShapeError)
 
 
 @settings(max_examples=200, deadline=None)
@@ -411,7 +426,11 @@ def test_int_subclass_methods_are_never_called() -> None:
 def test_huge_values_are_described_not_printed() -> None:
     # 10**5000 exceeds the int-to-str digit limit: the error message must not try to print it.
     for bad in (10**5000, -(10**5000)):
-        assert assert_twins(lambda bad=bad: ([1, bad], 1, None)) == ("raised", BatchShapeError)
+
+        def make(bad: int = bad) -> tuple[object, object, object]:
+            return [1, bad], 1, None
+
+        assert assert_twins(make) == ("raised", BatchShapeError)
 
     class Huge:
         def __index__(self) -> int:
