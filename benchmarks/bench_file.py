@@ -38,8 +38,11 @@ import contextlib
 import gc
 import json
 import math
+import mmap
 import os
+import random
 import shutil
+import stat
 import statistics
 import sys
 import tempfile
@@ -292,11 +295,14 @@ def bench_exists(base: str, quick: bool) -> dict[str, Any]:
     root = tempfile.mkdtemp(prefix="hc-exists-", dir=base)
     pool = MHAKVPool(pages, 1, 1, 1, 8, torch.bfloat16)
     cfg = StorageConfig(backend="file", options={"root": root})
+    seg_root = tempfile.mkdtemp(prefix="hc-exists-seg-", dir=base)
+    seg_cfg = StorageConfig(backend="file", options={"root": seg_root, "layout": "segments"})
     reps = 40 if quick else 150
     try:
-        with CacheController(cfg, pool) as ctl:
+        with CacheController(cfg, pool) as ctl, CacheController(seg_cfg, pool) as seg_ctl:
             hashes = page_hashes(list(range(pages)), 1)
             _check(ctl.backup(hashes, list(range(pages))).pages == pages, "exists backup")
+            _check(seg_ctl.backup(hashes, list(range(pages))).pages == pages, "exists backup (segments)")
             backend = ctl.store.backend
             paths = [backend.path_of(k) for ks in ctl.store.page_keys("kv", hashes) for k in ks]
             stat, access, f_ok = os.stat, os.access, os.F_OK
@@ -312,6 +318,9 @@ def bench_exists(base: str, quick: bool) -> dict[str, Any]:
             def query() -> None:
                 _check(ctl.query(hashes).pages == pages, "query")
 
+            def query_segments() -> None:
+                _check(seg_ctl.query(hashes).pages == pages, "query (segments)")
+
             def query_uncached() -> None:
                 backend._path_cache.clear()  # first sight of these keys: validate + build paths
                 query()
@@ -325,10 +334,11 @@ def bench_exists(base: str, quick: bool) -> dict[str, Any]:
                 finally:
                     backend._batch = real_batch
 
-            names = ("hicache", "hicache_uncached", "core_only", "raw_stat", "raw_access")
+            names = ("hicache", "hicache_segments", "hicache_uncached", "core_only", "raw_stat", "raw_access")
             best = {k: float("inf") for k in names}
             fns = {
                 "hicache": query,
+                "hicache_segments": query_segments,
                 "hicache_uncached": query_uncached,
                 "core_only": core_only,
                 "raw_stat": raw_stat,
@@ -344,11 +354,17 @@ def bench_exists(base: str, quick: bool) -> dict[str, Any]:
                 gc.enable()
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    ratio = best["hicache"] / best["raw_stat"]
+        shutil.rmtree(seg_root, ignore_errors=True)
+    files_ratio = best["hicache"] / best["raw_stat"]
+    seg_ratio = best["hicache_segments"] / best["raw_stat"]
+    ratio = max(files_ratio, seg_ratio)  # both layouts must meet the target
     return {
         "ratio": round(ratio, 3),
         "target": TARGET_EXISTS,
         "meets_target": ratio <= TARGET_EXISTS,
+        "ratio_files": round(files_ratio, 3),
+        "ratio_segments": round(seg_ratio, 3),
+        "hicache_segments_us": best["hicache_segments"] * 1e6,
         "pages": pages,
         "files": len(paths),
         "hicache_us": best["hicache"] * 1e6,
@@ -362,14 +378,244 @@ def bench_exists(base: str, quick: bool) -> dict[str, Any]:
     }
 
 
+# ----------------------------------------------------------------- from disk (issue 24)
+DISK_SIZES = (256 * KIB, 2048 * KIB)
+# pages per object size: (quick, full); a round moves 32 MiB (quick) or 128 MiB (full) each way
+DISK_PAGES = {256 * KIB: (64, 256), 2048 * KIB: (8, 32)}
+LAYOUTS = ("files", "segments")
+TARGET_COLD, TARGET_DURABLE = 0.9, 0.8
+ALIGN = 4096
+
+
+def drop_cache(path: str) -> None:
+    """Write back, then drop from the page cache, every regular file under ``path`` (or the file
+    ``path``): ``fdatasync`` + ``posix_fadvise(POSIX_FADV_DONTNEED)`` per file. Needs no root;
+    the next read of those files comes from the disk."""
+    if os.path.isdir(path):
+        paths = [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+    else:
+        paths = [path]
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def aligned_buffer(nbytes: int) -> mmap.mmap:
+    """Anonymous page-aligned memory of ``nbytes`` rounded up to 4 KiB (what O_DIRECT needs)."""
+    return mmap.mmap(-1, (nbytes + ALIGN - 1) & -ALIGN)
+
+
+def raw_limit_write(path: str, data: Any, unit: int) -> float:
+    """Seconds to write ``data`` (page-aligned memory) into the preallocated file ``path`` with
+    ``O_DIRECT``, sequentially in ``unit``-byte writes, plus one ``fdatasync``. The file is
+    created and preallocated (``posix_fallocate`` + ``fdatasync``) before the clock starts."""
+    mv = memoryview(data)
+    n = len(mv)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.posix_fallocate(fd, 0, n)
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
+    fd = os.open(path, os.O_WRONLY | os.O_DIRECT)
+    try:
+        t0 = time.perf_counter()
+        for off in range(0, n, unit):
+            if os.pwrite(fd, mv[off : off + unit], off) != min(unit, n - off):
+                raise RuntimeError("short O_DIRECT write")
+        os.fdatasync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def raw_limit_read(path: str, out: Any, unit: int, depth: int) -> float:
+    """Seconds to read the file ``path`` into ``out`` (page-aligned) with ``O_DIRECT``
+    ``preadv`` of ``unit`` bytes, ``depth`` reads in flight (threads). Drop the cache first."""
+    mv = memoryview(out)
+    n = len(mv)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+
+    def part(lo: int, hi: int) -> None:  # reader k of depth reads units k, k + depth, ...
+        for k in range(lo, hi):
+            for off in range(k * unit, n, depth * unit):
+                if os.preadv(fd, [mv[off : off + unit]], off) != min(unit, n - off):
+                    raise RuntimeError("short O_DIRECT read")
+
+    try:
+        t0 = time.perf_counter()
+        _split(part, depth, depth)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
+def raw_limit(path: str, data: Any, out: Any, unit: int) -> dict[str, float]:
+    """The raw limit of the disk under ``path`` for these bytes: ``write_s`` (O_DIRECT sequential
+    write of a preallocated file + fdatasync) and ``read_s`` (the faster of O_DIRECT ``preadv`` at
+    depth 1 and 4, page cache dropped first); ``out`` must equal ``data`` afterwards."""
+    w = raw_limit_write(path, data, unit)
+    reads = {}
+    for depth in (1, 4):
+        memoryview(out)[:] = bytes(len(out))  # the read must fill it again
+        drop_cache(path)
+        reads[depth] = raw_limit_read(path, out, unit, depth)
+        _check(memoryview(out) == memoryview(data), f"raw O_DIRECT read at depth {depth}")
+    best = min(reads, key=reads.__getitem__)
+    return {
+        "write_s": w,
+        "read_s": reads[best],
+        "read_depth": best,
+        "read_d1_s": reads[1],
+        "read_d4_s": reads[4],
+    }
+
+
+class _DiskCase:
+    """One object size: durable backup, cold and warm prefetch per layout, and the raw limit."""
+
+    def __init__(self, base: str, obj_bytes: int, pages: int, threads: int) -> None:
+        self.obj_bytes, self.pages, self.base, self.threads = obj_bytes, pages, base, threads
+        self.pool = _pool(obj_bytes, pages)
+        self.ref = [b.clone() for b in self.pool.buffers()]
+        self.nbytes = 2 * obj_bytes * pages
+        self.data = aligned_buffer(self.nbytes)
+        pos = 0
+        for o in _objects(self.pool):
+            self.data[pos : pos + len(o)] = o
+            pos += len(o)
+        self.out = aligned_buffer(self.nbytes)
+        self.times: dict[tuple[str, str], list[float]] = {}
+        self.seq = 0
+        self.reps = 0
+        self.idx = list(range(pages))
+
+    def _record(self, who: str, phase: str, seconds: float) -> None:
+        self.times.setdefault((who, phase), []).append(seconds)
+
+    def _verify(self, what: str) -> None:
+        _check(all(torch.equal(a, b) for a, b in zip(self.ref, self.pool.buffers())), what)
+
+    def hicache(self, layout: str) -> None:
+        self.seq += 1
+        start = self.seq * 1_000_000
+        hashes = page_hashes(list(range(start, start + self.pages * 4)), 4)
+        root = tempfile.mkdtemp(prefix=f"hc-{layout}-", dir=self.base)
+        opts = {"root": root, "layout": layout, "fsync": True, "io_threads": self.threads}
+        cfg = StorageConfig(backend="file", options=opts, model_name=f"disk-{self.obj_bytes}")
+        try:
+            with CacheController(cfg, self.pool) as ctl:
+                with _no_gc():
+                    tw = _timed(lambda: _check(ctl.backup(hashes, self.idx).pages == self.pages, "backup"))
+                for phase in ("cold", "warm"):
+                    for b in self.pool.buffers():
+                        b.zero_()
+                    if phase == "cold":
+                        drop_cache(root)
+                    with _no_gc():
+                        tr = _timed(
+                            lambda: _check(ctl.prefetch(hashes, self.idx).pages == self.pages, "prefetch")
+                        )
+                    self._verify(f"hicache {layout} {phase} bytes")
+                    self._record(layout, phase, tr)
+                self._record(layout, "durable", tw)
+        finally:
+            _release(root)
+
+    def raw(self) -> None:
+        d = tempfile.mkdtemp(prefix="raw-limit-", dir=self.base)
+        path = os.path.join(d, "raw.bin")
+        try:
+            r = raw_limit(path, self.data, self.out, self.obj_bytes)
+        finally:
+            with contextlib.suppress(OSError):
+                os.truncate(path, 0)
+        self._record("raw", "durable", r["write_s"])
+        self._record("raw", "cold", r["read_s"])
+        self._record("raw", "read_d1", r["read_d1_s"])
+        self._record("raw", "read_d4", r["read_d4_s"])
+
+    def run(self, budget_s: float, min_reps: int, max_reps: int) -> None:
+        """Rounds in a shuffled order of the contenders until ``budget_s`` is spent."""
+        rng = random.Random(self.obj_bytes)
+        t_end = time.perf_counter() + budget_s
+        while self.reps < max_reps and (self.reps < min_reps or time.perf_counter() < t_end):
+            self.reps += 1
+            order = ["raw", *LAYOUTS]
+            rng.shuffle(order)
+            for who in order:
+                self.raw() if who == "raw" else self.hicache(who)
+
+    def rows(self) -> list[dict[str, Any]]:
+        out = []
+        raw_w, raw_r = self.times[("raw", "durable")], self.times[("raw", "cold")]
+        for layout in LAYOUTS:
+            row: dict[str, Any] = {"object_kib": self.obj_bytes // KIB, "layout": layout, "rounds": self.reps}
+            for phase, raw in (("durable", raw_w), ("cold", raw_r), ("warm", raw_r)):
+                ts = self.times[(layout, phase)]
+                row[f"{phase}_gbps"] = self.nbytes / statistics.median(ts) / 1e9
+                row[f"{phase}_vs_raw_limit"] = statistics.median(r / t for r, t in zip(raw, ts))
+            out.append(row)
+        out.append(
+            {
+                "object_kib": self.obj_bytes // KIB,
+                "layout": "raw limit",
+                "durable_gbps": self.nbytes / statistics.median(raw_w) / 1e9,
+                "cold_gbps": self.nbytes / statistics.median(raw_r) / 1e9,
+                "read_d1_gbps": self.nbytes / statistics.median(self.times[("raw", "read_d1")]) / 1e9,
+                "read_d4_gbps": self.nbytes / statistics.median(self.times[("raw", "read_d4")]) / 1e9,
+            }
+        )
+        return out
+
+
+def bench_disk(base: str, quick: bool, threads: int) -> dict[str, Any]:
+    """Durable backup, cold and warm prefetch of both layouts against the raw limit, per size."""
+    rows: list[dict[str, Any]] = []
+    for size in DISK_SIZES:
+        case = _DiskCase(base, size, DISK_PAGES[size][0 if quick else 1], threads)
+        gc.collect()
+        case.run(6.0 if quick else 40.0, min_reps=3, max_reps=8 if quick else 25)
+        rows += case.rows()
+    out: dict[str, Any] = {}
+    for name, phase, target in (
+        ("file_cold_prefetch_vs_raw_limit", "cold", TARGET_COLD),
+        ("file_durable_backup_vs_raw_limit", "durable", TARGET_DURABLE),
+    ):
+        key = f"{phase}_vs_raw_limit"
+        worst = {lay: min((r for r in rows if r["layout"] == lay), key=lambda r: r[key]) for lay in LAYOUTS}
+        seg = worst["segments"]
+        out[name] = {
+            "ratio": round(seg[key], 3),
+            "target": target,
+            "meets_target": seg[key] >= target,
+            "layout": "segments",
+            "worst_case": f"{seg['object_kib']} KiB",
+            "files_ratio": round(worst["files"][key], 3),
+            "io_threads": threads,
+            "cases": rows,
+        }
+    return out
+
+
 def run(quick: bool = False, base: str | None = None) -> dict[str, Any]:
-    """Both benchmarks; returns ``{"file_vs_raw_io": {...}, "exists_vs_raw": {...}}``."""
+    """Every figure: ``file_vs_raw_io``, ``exists_vs_raw``, ``file_cold_prefetch_vs_raw_limit``
+    and ``file_durable_backup_vs_raw_limit`` (each ``{"ratio", "target", "meets_target", ...}``)."""
     threads = max(2, min(4, os.cpu_count() or 1))
     work = tempfile.mkdtemp(prefix="hicache-bench-file-", dir=base)
     try:
         return {
             "file_vs_raw_io": bench_io(work, quick, threads),
             "exists_vs_raw": bench_exists(work, quick),
+            **bench_disk(work, quick, threads),
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -396,21 +642,49 @@ def _table(res: dict[str, Any]) -> str:
         f"cases {io['geomean']:.3f}; target >= {io['target']}) -> {'OK' if io['meets_target'] else 'MISSED'}"
     )
     lines.append(
-        f"exists_vs_raw: {ex['pages']}-page query ({ex['files']} files) {ex['hicache_us']:.0f} us vs "
-        f"raw os.stat loop {ex['raw_stat_us']:.0f} us: ratio {ex['ratio']:.3f} (target <= "
-        f"{ex['target']}) -> {'OK' if ex['meets_target'] else 'MISSED'}"
+        f"exists_vs_raw: {ex['pages']}-page query ({ex['files']} files) {ex['hicache_us']:.0f} us (files "
+        f"layout), {ex['hicache_segments_us']:.0f} us (segments) vs raw os.stat loop "
+        f"{ex['raw_stat_us']:.0f} us: ratio {ex['ratio_files']:.3f} / {ex['ratio_segments']:.3f} (target "
+        f"<= {ex['target']}, both) -> {'OK' if ex['meets_target'] else 'MISSED'}"
     )
     lines.append(
         f"  first sight of the keys (path memo empty): {ex['hicache_uncached_us']:.0f} us, ratio "
         f"{ex['ratio_uncached']:.3f}; raw os.access loop {ex['raw_access_us']:.0f} us; controller "
         f"overhead alone (backend stubbed) {ex['core_only_us']:.0f} us"
     )
+    cold, durable = res["file_cold_prefetch_vs_raw_limit"], res["file_durable_backup_vs_raw_limit"]
+    lines += [
+        "",
+        "from disk (fsync: true; GB/s of the median round; ratio = median paired ratio to the raw limit: "
+        "O_DIRECT sequential write of one preallocated file + fdatasync, O_DIRECT preadv at depth 1 or 4, "
+        "whichever is faster, page cache dropped before every cold read)",
+        f"{'object':>8} {'layout':>10} {'durable GB/s':>13} {'ratio':>6} {'cold GB/s':>10} {'ratio':>6} "
+        f"{'warm GB/s':>10} {'ratio':>6}",
+    ]
+    for r in cold["cases"]:
+        if r["layout"] == "raw limit":
+            lines.append(
+                f"{r['object_kib']:>5}KiB {'raw limit':>10} {r['durable_gbps']:>13.2f} {'':>6} "
+                f"{r['cold_gbps']:>10.2f} {'':>6}   (read depth 1: {r['read_d1_gbps']:.2f}, depth 4: "
+                f"{r['read_d4_gbps']:.2f})"
+            )
+            continue
+        lines.append(
+            f"{r['object_kib']:>5}KiB {r['layout']:>10} {r['durable_gbps']:>13.2f} {r['durable_vs_raw_limit']:>6.2f} "
+            f"{r['cold_gbps']:>10.2f} {r['cold_vs_raw_limit']:>6.2f} {r['warm_gbps']:>10.2f} "
+            f"{r['warm_vs_raw_limit']:>6.2f}"
+        )
+    for name, e in (("file_cold_prefetch_vs_raw_limit", cold), ("file_durable_backup_vs_raw_limit", durable)):
+        lines.append(
+            f"{name}: segments {e['ratio']:.3f} (worst case {e['worst_case']}; target >= {e['target']}) -> "
+            f"{'OK' if e['meets_target'] else 'MISSED'}; files layout {e['files_ratio']:.3f} (information)"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="smaller run (< 30 s)")
+    parser.add_argument("--quick", action="store_true", help="smaller run (about a minute)")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.add_argument("--dir", default=None, help="parent directory for the temp roots")
     args = parser.parse_args(argv)

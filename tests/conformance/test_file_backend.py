@@ -34,3 +34,13 @@ class TestFileBackendExactSkipped(BackendConformance):
         assert hc.class_caps.set_skips_existing is True
         assert hc.caps.set_skips_existing is False
         assert hc.caps == hc.open().capabilities
+
+
+class TestFileBackendSegments(BackendConformance):
+    """The segment layout (``layout: "segments"``): same capabilities, same suite."""
+
+    backend = "file"
+
+    @pytest.fixture
+    def options(self, tmp_path: Path) -> dict[str, Any]:
+        return {"root": str(tmp_path / "file-root"), "layout": "segments"}

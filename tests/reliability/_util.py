@@ -21,6 +21,7 @@ def backend_listed(name: str) -> bool:
     """Whether ``hicache backends`` lists ``name`` with status ``ok`` (no import of other backends)."""
     from hicache_core.plugin.registry import availability, find_backends, load_backend_class
 
+    name = backend_name(name)
     if name not in find_backends():
         return False
     try:
@@ -30,21 +31,32 @@ def backend_listed(name: str) -> bool:
 
 
 def local_store_backends() -> list[Any]:
-    """``pytest.param`` for each on-disk backend (file, hf3fs), skipped when not installed."""
+    """``pytest.param`` for each on-disk backend (file in both layouts, hf3fs), skipped when not
+    installed. ``"file-segments"`` is the file backend with ``layout: "segments"``."""
     import pytest
 
     return [
         pytest.param("file", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")),
+        pytest.param(
+            "file-segments", marks=pytest.mark.skipif(not HAVE_FILE, reason="hicache-file not installed")
+        ),
         pytest.param(
             "hf3fs", marks=pytest.mark.skipif(not HAVE_HF3FS, reason="hicache-hf3fs-stub not installed")
         ),
     ]
 
 
+def backend_name(backend: str) -> str:
+    """The entry-point name of a parametrized backend (``"file-segments"`` is ``"file"``)."""
+    return "file" if backend == "file-segments" else backend
+
+
 def store_options(backend: str, root: Path) -> dict[str, Any]:
     """Options putting every byte of ``backend`` under ``root``."""
     if backend == "file":
         return {"root": str(root), "io_threads": 2}
+    if backend == "file-segments":
+        return {"root": str(root), "io_threads": 2, "layout": "segments"}
     if backend == "hf3fs":
         return {
             "file_path_prefix": str(root / "hf3fs"),

@@ -30,14 +30,25 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tests.reliability._util import GEOMETRY, fill_pages, hex_hash, page_bytes, page_matches, store_options
+from tests.reliability._util import (
+    GEOMETRY,
+    backend_name,
+    fill_pages,
+    hex_hash,
+    page_bytes,
+    page_matches,
+    store_options,
+)
 
 
 def _controller(backend: str, root: str, pages: int, **settings: Any) -> Any:
     import hicache_core as hc
 
     cfg = hc.StorageConfig(
-        backend=backend, options=store_options(backend, Path(root)), model_name="reliability", **settings
+        backend=backend_name(backend),
+        options=store_options(backend, Path(root)),
+        model_name="reliability",
+        **settings,
     )
     return hc.CacheController(cfg, hc.HostPoolGroup(hc.MHAKVPool(pages, **GEOMETRY)))
 

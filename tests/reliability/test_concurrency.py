@@ -28,7 +28,7 @@ def test_threads_and_processes_share_a_store(
 ) -> None:
     if not backend_listed(backend):
         pytest.skip(f"`hicache backends` does not list {backend!r} as usable")
-    if backend != "file" and not long_mode:
+    if backend not in ("file", "file-segments") and not long_mode:
         pytest.skip("the hf3fs variant runs with --long (CI time budget); the file store is the CI case")
     rounds = 60 if long_mode else 12
     args = {

@@ -53,9 +53,11 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
 
 
-def _fill_until_full(root: Path, caplog, batches: int) -> dict[str, object]:
+def _fill_until_full(root: Path, caplog, batches: int, layout: str = "files") -> dict[str, object]:
     kv = hc.MHAKVPool(BATCH, **GEOMETRY)
-    cfg = hc.StorageConfig(backend="file", options={"root": str(root)}, model_name="diskfull")
+    cfg = hc.StorageConfig(
+        backend="file", options={"root": str(root), "layout": layout}, model_name="diskfull"
+    )
     stored: list[str] = []
     failed = partial_batches = 0
     with hc.CacheController(cfg, hc.HostPoolGroup(kv)) as ctl:
@@ -92,10 +94,11 @@ def _fill_until_full(root: Path, caplog, batches: int) -> dict[str, object]:
     }
 
 
-def test_tmpfs_full(small_fs: Path, caplog, record_property) -> None:
+@pytest.mark.parametrize("layout", ["files", "segments"])
+def test_tmpfs_full(small_fs: Path, caplog, record_property, layout: str) -> None:
     caplog.set_level(logging.WARNING, logger="hicache.file")
-    counts = _fill_until_full(small_fs / "root", caplog, batches=8)  # 128 pages x 32 KiB > 2 MiB
-    report(record_property, "disk-full-tmpfs", **counts)
+    counts = _fill_until_full(small_fs / "root", caplog, batches=8, layout=layout)  # 128 x 32 KiB > 2 MiB
+    report(record_property, f"disk-full-tmpfs-{layout}", **counts)
     assert counts["stored"] > 0 and counts["failed"] > 0
     assert counts["readable"] == counts["stored"]
     assert counts["write_errors"] > 0 and counts["enospc_logged"] > 0

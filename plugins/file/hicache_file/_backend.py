@@ -1,7 +1,10 @@
-"""``FileBackend``: the embedded default hicache backend (one file per component key).
+"""``FileBackend``: the embedded default hicache backend.
 
-See :mod:`hicache_file._format` for the on-disk format and ``plugins/file/README.md`` for the
-options. Summary of the guarantees:
+Two layouts (``options.layout``): ``"files"``, one file per component key (this module and
+:mod:`hicache_file._page_io`; format in :mod:`hicache_file._format`), and ``"segments"``, pages
+appended to segment files with per-writer index logs (every batch goes to
+:class:`hicache_file._segments.SegmentStore`; format in :mod:`hicache_file._seglog`). See
+``plugins/file/README.md`` for the options. Summary of the guarantees of ``"files"``:
 
 * ``set`` publishes each key atomically (an unnamed ``O_TMPFILE`` inode linked to its name,
   or a temp file renamed over it; optional fsync; see :mod:`hicache_file._publish`): a reader
@@ -61,6 +64,8 @@ from ._options import FileOptions
 from ._page_io import PageIo
 from ._pool_io import PoolIo, Post, tensor_iov
 from ._publish import open_root
+from ._segmap import check_key_batch, close_all, page_groups
+from ._segments import SegmentStore
 from ._stats import FileStats, _Tally
 
 __all__ = ["FileBackend"]
@@ -93,8 +98,13 @@ class FileBackend(PageIo):
         self.options = options
         if options.exact_skipped:  # backup checks existence first: exact TransferResult.skipped
             self.capabilities = dataclasses.replace(type(self).capabilities, set_skips_existing=False)
+        segments = options.layout == "segments"
         tree, self._publisher, swept = open_root(
-            options.resolved_root(), options.fsync, options.publish, options.temp_max_age_s
+            options.resolved_root(),
+            options.fsync,
+            options.publish,
+            options.temp_max_age_s,
+            "segments" if segments else fmt.LAYOUT,
         )
         self._tree = tree
         self._finalizer = weakref.finalize(self, tree.close)
@@ -103,6 +113,7 @@ class FileBackend(PageIo):
         self._fsync = options.fsync
         self._absent = threading.local()  # keys the last exists() of a thread found absent
         self._path_cache: dict[str, Dir] = {}  # validated key -> its shard directory
+        self._valid: set[str] = set()  # layout "segments": keys checked already
         self._pools: dict[PoolName, PoolIo] = {}
         self._stats = FileStats(temp_files_removed=swept)
         self._stats_lock = threading.Lock()
@@ -111,7 +122,24 @@ class FileBackend(PageIo):
         self._closed = False
         self.index: LruIndex | None = None
         self.scan_seconds = 0.0  # the open-time scan (only with max_bytes)
-        if options.max_bytes is not None:
+        self.segments: SegmentStore | None = None  # layout "segments": every batch goes there
+        if segments:
+            pool = weakref.WeakMethod(self._pool)  # the finalizer below must not keep self alive
+            try:
+                self.segments = SegmentStore(
+                    tree.root,
+                    tree.top.fd,
+                    options,
+                    self._stats,
+                    self._stats_lock,
+                    lambda: (m := pool()) and m(),
+                )
+            except BaseException:
+                tree.close()
+                raise
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, partial(close_all, tree, self.segments))
+        elif options.max_bytes is not None:
             self.index = LruIndex(options.max_bytes)
             scan = scan_root(tree, options.temp_max_age_s)
             self.index.load(scan.entries)
@@ -220,7 +248,7 @@ class FileBackend(PageIo):
                 sizes.extend(pio.sizes * n)
                 if post is not None or posts is not None:
                     posts = (posts or [None] * (len(iovs) - len(views))) + (post or [None] * len(views))
-        flat = self._batch(op, keys, iovs, sizes, posts) if keys else []
+        flat = self._batch(op, keys, iovs, sizes, posts, shape) if keys else []
         out: list[list[bool]] = []
         off = 0
         for n, c in shape:
@@ -245,6 +273,12 @@ class FileBackend(PageIo):
         """
         check_key(namespace)
         prefix = namespace + "."
+        if self.segments is not None:
+            removed = self.segments.clear(prefix)
+            with self._stats_lock:
+                self._stats.cleared += removed
+            log.info("hicache.file: cleared namespace %r under %s: %d pages", namespace, self.root, removed)
+            return removed
         tree = self._tree
         tree.enter()
         try:
@@ -275,6 +309,8 @@ class FileBackend(PageIo):
             ex, self._executor = self._executor, None
         if ex is not None:
             ex.shutdown(wait=True)
+        if self.segments is not None:
+            self.segments.close()
         self._tree.release(root=True)  # closed once no batch runs; opened again if still used
 
     # ------------------------------------------------------------- batching
@@ -336,7 +372,10 @@ class FileBackend(PageIo):
         iovs: list[list[Any]],
         sizes: list[int],
         posts: list[Post | None] | None,
+        shape: list[tuple[int, int]] | None = None,
     ) -> list[bool]:
+        if self.segments is not None:
+            return self._seg_batch(op, keys, iovs, sizes, posts, shape)
         dirs = self._locate(keys)
         tree = self._tree
         tree.enter()
@@ -415,6 +454,33 @@ class FileBackend(PageIo):
             result += flags
         self._finish(op, n, [t for _, t in parts])
         return result
+
+    def _seg_batch(
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        iovs: list[list[Any]],
+        sizes: list[int],
+        posts: list[Post | None] | None,
+        shape: list[tuple[int, int]] | None,
+    ) -> list[bool]:
+        seg = self.segments
+        assert seg is not None
+        check_key_batch(keys, self._valid)
+        if op is IoOp.EXISTS:
+            found = seg.exists(keys)
+            counts = {"exists_checks": len(keys)}
+        elif op is IoOp.GET:
+            found, counts = seg.get(keys, iovs, sizes, posts)
+            counts["gets"] = len(keys)
+        else:
+            found, counts = seg.set(keys, iovs, sizes, page_groups(keys, shape))
+            counts["sets"] = len(keys)
+        with self._stats_lock:
+            st = self._stats
+            for name, v in counts.items():
+                setattr(st, name, getattr(st, name) + v)
+        return found
 
     def _finish(self, op: IoOp, n: int, tallies: list[_Tally]) -> None:
         errors = sum(t.errors for t in tallies)

@@ -39,8 +39,9 @@ class FileOptions(BaseModel):
     It may be (or pass through) a symlink: it is resolved once, at open; nothing below it is
     ever reached through a symlink.
     ``max_bytes``: optional byte budget over every namespace in ``root`` (headers included),
-    enforced with LRU eviction; ``None`` means unbounded. Setting it makes open scan ``root``
-    once to rebuild the index (5-10 us per file).
+    enforced with LRU eviction (``layout="segments"``: whole segments, oldest first, their live
+    pages dropped); ``None`` means unbounded. With ``"files"``, setting it makes open scan
+    ``root`` once to rebuild the index (5-10 us per file).
     ``fsync``: ``fsync`` each page and its directory before reporting it stored (durable across
     power loss; without it, a crash of the process still never exposes a torn page, and a page
     damaged by power loss is caught by its checksum and read as a miss).
@@ -63,6 +64,19 @@ class FileOptions(BaseModel):
     declares ``set_skips_existing=False``, so ``backup`` first asks which pages exist and
     ``skipped`` counts them exactly, at the cost of that extra batch (one ``faccessat(2)`` per
     key before the writes).
+    ``layout``: ``"files"`` (default) stores one file per page component
+    (``<namespace>/<shard>/<key>``, any POSIX filesystem); ``"segments"`` appends the pages of a
+    batch to large segment files (all components and pools of a page together), one per opened
+    store, with a per-store append-only index log whose records are checksummed one by one, and
+    reads them with ``preadv``, several runs in flight, ``O_DIRECT`` where the filesystem takes
+    it. Eviction under ``max_bytes`` removes whole segments, oldest first, and drops their live
+    pages. A root keeps the layout it was created with; opening it with the other one raises
+    ``FileRootError``. ``publish`` does not apply to ``"segments"``; ``exact_skipped`` works as
+    in ``"files"``. See ``plugins/file/README.md`` ("Segment layout") for the format and the
+    guarantees.
+    ``direct_io`` (``"segments"`` only): use ``O_DIRECT`` for segment reads and writes when a
+    probe at open succeeds (it fails on tmpfs, for example: then buffered I/O, with one log
+    line naming the fallback); ``False``: always buffered (pages then stay in the page cache).
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -84,6 +98,9 @@ class FileOptions(BaseModel):
     exact_skipped: bool = Field(
         False, description="backup checks existence first, so TransferResult.skipped counts stored pages"
     )
+
+    layout: Literal["files", "segments"] = Field("files", description="one file per component, or segments")
+    direct_io: bool = Field(True, description="segments: O_DIRECT where the filesystem allows it")
 
     @field_validator("root")
     @classmethod

@@ -131,7 +131,7 @@ def _write_rest(fd: int, bufs: list[Any], done: int, total: int) -> None:
 
 
 def open_root(
-    root: str, fsync: bool, mode: str = "auto", temp_max_age_s: float = 3600.0
+    root: str, fsync: bool, mode: str = "auto", temp_max_age_s: float = 3600.0, layout: str = fmt.LAYOUT
 ) -> tuple[DirTree, Publisher, int]:
     """Create ``root`` if needed, check it is a writable directory, stamp/check the format.
 
@@ -139,7 +139,8 @@ def open_root(
     a directory fd; nothing below it is ever followed. Returns the :class:`DirTree`, the
     :class:`Publisher` and the number of orphan temp files removed (:func:`sweep_temps`).
     ``mode`` ``"auto"``: ``O_TMPFILE`` when a probe file can be created and linked that way,
-    else temp file + rename; ``"tmpfile"``: require it; ``"rename"``: never use it. Raises
+    else temp file + rename; ``"tmpfile"``: require it; ``"rename"``: never use it. ``layout``:
+    what the root's marker must record (a root of another layout is refused). Raises
     :class:`FileRootError`.
     """
     fix = (
@@ -163,7 +164,7 @@ def open_root(
             f"file backend root {root!r} cannot be opened: [Errno {err.errno}] {err.strerror or err}; {fix}"
         ) from None
     try:
-        publisher, removed = _setup(tree, root, fsync, mode, temp_max_age_s, fix)
+        publisher, removed = _setup(tree, root, fsync, mode, temp_max_age_s, fix, layout)
     except BaseException:
         tree.close()
         raise
@@ -171,7 +172,7 @@ def open_root(
 
 
 def _setup(
-    tree: DirTree, root: str, fsync: bool, mode: str, temp_max_age_s: float, fix: str
+    tree: DirTree, root: str, fsync: bool, mode: str, temp_max_age_s: float, fix: str, layout: str
 ) -> tuple[Publisher, int]:
     rfd = tree.top.fd
     probe = temp_name()
@@ -182,7 +183,7 @@ def _setup(
         raise FileRootError(
             f"file backend root {root!r} is not writable: [Errno {err.errno}] {err.strerror or err}; {fix}"
         ) from None
-    _check_marker(tree, root, fsync)
+    _check_marker(tree, root, fsync, layout)
     anonymous = mode != "rename" and _anonymous_works(rfd)
     if mode == "tmpfile" and not anonymous:
         raise FileRootError(
@@ -282,7 +283,7 @@ def _writer_gone(rest: str) -> bool:
     return False
 
 
-def _check_marker(tree: DirTree, root: str, fsync: bool) -> None:
+def _check_marker(tree: DirTree, root: str, fsync: bool, layout: str) -> None:
     rfd = tree.top.fd
     try:
         fd = os.open(fmt.MARKER_NAME, os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC, dir_fd=rfd)
@@ -317,15 +318,15 @@ def _check_marker(tree: DirTree, root: str, fsync: bool) -> None:
                 "so it was not created by hicache-file; set options.root to an empty or dedicated "
                 "directory (it is created if missing)"
             )
-        _write_marker(rfd, root, fsync)
+        _write_marker(rfd, root, fsync, layout)
         return
     version = info.get("format") if isinstance(info, dict) else None
-    if version == fmt.FORMAT_VERSION and info.get("layout") != fmt.LAYOUT:
+    if version == fmt.FORMAT_VERSION and info.get("layout") != layout:
         raise FileRootError(
-            f"file backend root {root!r} holds format-{version} pages in the directory layout "
-            f"{info.get('layout')!r}, but this hicache-file uses {fmt.LAYOUT!r}; point "
-            "options.root at another directory, or delete this one (its pages are a cache: the "
-            "engine recomputes what is missing)"
+            f"file backend root {root!r} holds format-{version} pages in the layout "
+            f"{info.get('layout')!r}, but this store was opened with {layout!r}; set options.layout "
+            'to match ("files" is <namespace>/<shard>/<key>), point options.root at another '
+            "directory, or delete this one (its pages are a cache: the engine recomputes what is missing)"
         )
     if version != fmt.FORMAT_VERSION:
         raise FileRootError(
@@ -341,10 +342,10 @@ def _check_marker(tree: DirTree, root: str, fsync: bool) -> None:
         )
 
 
-def _write_marker(rfd: int, root: str, fsync: bool) -> None:
+def _write_marker(rfd: int, root: str, fsync: bool, layout: str) -> None:
     """Write the marker through a temp file renamed over it; a failure (a full disk) leaves
     nothing behind and raises :class:`FileRootError`."""
-    data = json.dumps({"format": fmt.FORMAT_VERSION, "layout": fmt.LAYOUT, "checksum": "xxh3_64"}).encode()
+    data = json.dumps({"format": fmt.FORMAT_VERSION, "layout": layout, "checksum": "xxh3_64"}).encode()
     tmp = temp_name(fmt.MARKER_NAME + ".")
     try:
         fd = os.open(tmp, _CREATE, 0o644, dir_fd=rfd)

@@ -1,0 +1,333 @@
+"""The reader side of the segment layout: the map ``key -> location``, built by tailing logs.
+
+:class:`SegIndex` is the base of :class:`hicache_file._segments.SegmentStore`. It reads every
+other writer's index log under ``index/`` (see :mod:`hicache_file._seglog`), from where it
+stopped, applies the ``PUT`` and ``CLEAR`` records, and forgets the pages of segments that are
+gone (evicted or reclaimed, here or by another process). :meth:`SegIndex.refresh` costs one
+``fstat`` per directory and per log still written when nothing changed; a directory is listed
+again only when its mtime moved or is recent (mtime ticks are coarse). Read fds of segments are
+cached and closed only when no batch is running, so an fd number is never reused under a thread
+still reading it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from operator import countOf
+
+from hicache_core import KeyFormatError, check_key, check_keys
+
+from ._dirs import O_CLOEXEC, O_NOFOLLOW, DirTree
+from ._publish import _writer_gone
+from ._segio import O_DIRECT
+from ._seglog import (
+    CLEAR,
+    HEADER_SIZE,
+    INDEX_DIR,
+    SEG_DIR,
+    SEG_SUFFIX,
+    align,
+    header,
+    parse_log_name,
+    replay,
+    seed,
+    seg_name,
+)
+
+__all__ = ["Loc", "SegIndex", "check_key_batch", "close_all", "page_groups"]
+
+log = logging.getLogger("hicache.file")
+
+_RECENT_NS = 2_000_000_000  # a directory changed this recently is listed again (mtime ticks are coarse)
+RFLAGS = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
+_MAX_FDS = 256
+
+Loc = tuple[str, int, int, int, int]
+"""``(segment name, offset, length, xxh3_64, time_ns)`` of one stored key."""
+
+
+class _Log:
+    """Another writer's index log, as far as it was read."""
+
+    __slots__ = ("fd", "final", "last_seg", "name", "pos", "seed", "size", "writer")
+
+    def __init__(self, name: str, writer: str) -> None:
+        self.name, self.writer = name, writer
+        self.fd = -1
+        self.pos = 0  # bytes consumed (0: header not checked yet)
+        self.size = -1
+        self.seed = seed(writer)
+        self.final = False  # its writer is gone and it was read to the end
+        self.last_seg = -1
+
+
+class SegIndex:
+    """The map of every stored key, and the read fds of segments (module docstring)."""
+
+    def __init__(self, root: str, sdir: int, idir: int, writer: str, direct: bool) -> None:
+        self.root = root
+        self._sdir, self._idir = sdir, idir
+        self.writer = writer
+        self.direct = direct
+        self._lock = threading.RLock()  # the map, the logs, the fd cache
+        self._map: dict[str, Loc] = {}
+        self._by_seg: dict[str, list[str]] = {}
+        self._logs: dict[str, _Log] = {}
+        self._clears: dict[str, int] = {}
+        self._fds: dict[str, int] = {}
+        self._retired: list[int] = []
+        self._users = 0
+        self._seen = [0, 0]  # mtime_ns of index/ and segments/ when last listed
+
+    def _current(self) -> str | None:
+        """The segment this store appends to (never forgotten, never evicted)."""
+        return None
+
+    def close(self) -> None:
+        """Close every file this store holds open (not its directories)."""
+
+    def dir_fds(self) -> tuple[int, int]:
+        """The fds of ``segments/`` and ``index/`` (closed by :func:`close_all`)."""
+        return self._sdir, self._idir
+
+    def refresh(self) -> None:
+        """Read what other writers appended, and forget pages of segments that are gone."""
+        with self._lock:
+            now = time.time_ns()
+            st = os.fstat(self._idir)
+            if st.st_mtime_ns != self._seen[0] or now - st.st_mtime_ns < _RECENT_NS:
+                self._seen[0] = st.st_mtime_ns
+                with os.scandir(self._idir) as it:
+                    names = [e.name for e in it]
+                for name in names:
+                    writer = parse_log_name(name)
+                    if writer is not None and writer != self.writer and name not in self._logs:
+                        self._logs[name] = _Log(name, writer)
+            for lg in list(self._logs.values()):
+                if not lg.final:
+                    self._tail(lg)
+            st = os.fstat(self._sdir)
+            if st.st_mtime_ns != self._seen[1] or now - st.st_mtime_ns < _RECENT_NS:
+                self._seen[1] = st.st_mtime_ns
+                with os.scandir(self._sdir) as it:
+                    present = {e.name for e in it}
+                cur = self._current()
+                for seg in [s for s in self._by_seg if s not in present and s != cur]:
+                    self._drop_seg(seg)
+
+    def _tail(self, lg: _Log) -> None:
+        if lg.fd < 0:
+            try:
+                fd = os.open(lg.name, RFLAGS, dir_fd=self._idir)
+            except FileNotFoundError:
+                del self._logs[lg.name]
+                return
+            except OSError as err:
+                log.warning(
+                    "hicache.file: cannot read index log %s/%s/%s: %s", self.root, INDEX_DIR, lg.name, err
+                )
+                lg.final = True
+                return
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                log.warning(
+                    "hicache.file: %s/%s/%s is not a regular file; ignored", self.root, INDEX_DIR, lg.name
+                )
+                lg.final = True
+                return
+            lg.fd = fd
+        size = os.fstat(lg.fd).st_size
+        if size == lg.size:
+            if _writer_gone(lg.writer):  # nothing more will come: stop looking at it
+                lg.final = True
+                os.close(lg.fd)
+                lg.fd = -1
+            return
+        lg.size = size
+        if lg.pos == 0:
+            if size < HEADER_SIZE:
+                return
+            if os.pread(lg.fd, HEADER_SIZE, 0) != header(lg.writer):
+                log.warning(
+                    "hicache.file: index log %s/%s/%s has a bad header; ignored",
+                    self.root,
+                    INDEX_DIR,
+                    lg.name,
+                )
+                lg.final = True
+                return
+            lg.pos = HEADER_SIZE
+        data = os.pread(lg.fd, size - lg.pos, lg.pos)
+        rep = replay(data, lg.seed)
+        lg.pos += rep.consumed
+        if rep.damaged:
+            log.warning(
+                "hicache.file: index log %s/%s/%s: %d damaged records skipped (their pages are misses)",
+                self.root,
+                INDEX_DIR,
+                lg.name,
+                rep.damaged,
+            )
+        for rec in rep.records:
+            if rec.kind == CLEAR:
+                self._apply_clear(rec.entries[0][0], rec.time_ns)
+            else:
+                lg.last_seg = max(lg.last_seg, rec.seg)
+                self._apply_put(seg_name(lg.writer, rec.seg), rec.offset, rec.time_ns, rec.entries)
+
+    def _apply_put(
+        self, seg: str, offset: int, time_ns: int, entries: Sequence[tuple[str, int, int]]
+    ) -> None:
+        keys = self._by_seg.setdefault(seg, [])
+        clears = self._clears
+        for key, length, digest in entries:
+            if not (clears and any(key.startswith(p) and time_ns < t for p, t in clears.items())):
+                self._map[key] = (seg, offset, length, digest, time_ns)
+                keys.append(key)
+            offset += align(length)
+
+    def _apply_clear(self, prefix: str, time_ns: int) -> int:
+        if self._clears.get(prefix, 0) < time_ns:
+            self._clears[prefix] = time_ns
+        gone = [k for k, loc in self._map.items() if k.startswith(prefix) and loc[4] < time_ns]
+        for k in gone:
+            del self._map[k]
+        return len(gone)
+
+    def _drop_seg(self, seg: str) -> int:
+        """Forget the pages of segment ``seg`` (gone); return how many were live."""
+        n = 0
+        for key in self._by_seg.pop(seg, ()):
+            loc = self._map.get(key)
+            if loc is not None and loc[0] == seg:
+                del self._map[key]
+                n += 1
+        fd = self._fds.pop(seg, -1)
+        if fd >= 0:
+            self._retire(fd)
+        return n
+
+    def _retire(self, fd: int) -> None:  # with self._lock held
+        if self._users:
+            self._retired.append(fd)
+        else:
+            os.close(fd)
+
+    def _enter(self) -> None:
+        with self._lock:
+            self._users += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            fds: list[int] = []
+            if not self._users:
+                fds, self._retired = self._retired, []
+        for fd in fds:
+            os.close(fd)
+
+    def _seg_fd(self, seg: str) -> int:
+        """A read fd of segment ``seg`` (cached); raises ``OSError``."""
+        fd = self._fds.get(seg, -1)
+        if fd >= 0:
+            return fd
+        fd = os.open(seg, RFLAGS | (O_DIRECT if self.direct else 0), dir_fd=self._sdir)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file", f"{self.root}/{SEG_DIR}/{seg}")
+        with self._lock:
+            if len(self._fds) >= _MAX_FDS:
+                for old in self._fds.values():
+                    self._retire(old)
+                self._fds.clear()
+            self._fds[seg] = fd
+        return fd
+
+    def _drop_dead_logs(self) -> int:
+        """Unlink the logs of writers that are gone and whose segments are all gone; return the
+        bytes freed."""
+        freed = 0
+        with self._lock:
+            for name, lg in list(self._logs.items()):
+                prefix = lg.writer + "-"
+                if not lg.final or any(s.startswith(prefix) for s in self._by_seg):
+                    continue
+                try:
+                    os.unlink(name, dir_fd=self._idir)
+                except OSError:
+                    continue
+                del self._logs[name]
+                freed += max(lg.size, 0)
+        return freed
+
+    def _sealed(self, seg: str) -> bool:
+        """No writer appends to ``seg`` any more."""
+        if seg.startswith(self.writer + "-"):
+            return self._current() != seg
+        writer, _, n = seg[: -len(SEG_SUFFIX)].rpartition("-")
+        lg = self._logs.get(writer + ".log")
+        return lg is None or lg.final or _writer_gone(writer) or lg.last_seg > int(n)
+
+
+_VALID_MAX = 1 << 15
+
+
+def check_key_batch(keys: Sequence[str], valid: set[str]) -> None:
+    """Refuse (:class:`KeyFormatError`) any key that is not an exact ``str`` passing
+    :func:`hicache_core.check_key`; keys seen valid before are remembered in ``valid`` (bounded)."""
+    if countOf(map(type, keys), str) != len(keys):
+        for k in keys:
+            check_key(k)  # raises for the first key that is not an exact str
+        raise KeyFormatError("storage keys must be exact str objects")  # pragma: no cover
+    new = [k for k in keys if k not in valid]
+    if new:
+        check_keys(new)
+        if len(valid) + len(new) > _VALID_MAX:
+            valid.clear()
+        valid.update(new)
+
+
+def page_groups(keys: Sequence[str], shape: list[tuple[int, int]] | None) -> list[list[int]]:
+    """Indices of ``keys`` grouped by page: one index record (one atomic unit) per group.
+
+    ``shape`` (v2): ``(pages, components)`` per transfer, keys concatenated transfer by
+    transfer; page ``j`` of every transfer forms one group (every pool of the page together).
+    Without it (v1, one pool): consecutive keys ending in the same page hash form a group.
+    """
+    if shape is not None:
+        groups: list[list[int]] = []
+        off = 0
+        for n, c in shape:
+            for j in range(n):
+                if j == len(groups):
+                    groups.append([])
+                groups[j].extend(range(off + j * c, off + (j + 1) * c))
+            off += n * c
+        return [g[i : i + 255] for g in groups for i in range(0, len(g), 255)]  # 255 entries per record
+    out: list[list[int]] = []
+    last = None
+    for i, k in enumerate(keys):
+        tail = k[k.rfind(".") + 1 :]
+        if tail == last and len(out[-1]) < 255:
+            out[-1].append(i)
+        else:
+            out.append([i])
+            last = tail
+    return out
+
+
+def close_all(tree: DirTree, store: SegIndex) -> None:
+    """Finalizer of a segment-layout backend: every file it holds, its directories, the root."""
+    with contextlib.suppress(OSError):
+        store.close()
+    for fd in store.dir_fds():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    tree.close()
