@@ -1,0 +1,206 @@
+"""Translate vLLM's ``kv_connector_extra_config`` (and vLLM's own config) into a ``StorageConfig``.
+
+The extra config is a JSON object with either
+
+``config``
+    the path of a hicache config file (TOML, YAML or JSON; the same file ``hicache`` reads), or
+``backend`` and ``options``
+    a backend name (an entry point in ``hicache.backends``, e.g. ``"file"``) and its options,
+
+plus, optionally, the other operator fields of :class:`hicache_core.StorageConfig`:
+``model_revision``, ``extensions``, ``enable_storage_metrics`` (default true: the connector
+reports hits, misses, bytes and load/save time through the ``metrics`` extension) and the
+controller settings (``batch_pages``...). Given both, the keys of the extra config override the
+file's. ``async_save`` (default false) moves saves to a background thread; vLLM then keeps a
+finished request's blocks until its saves are done (``get_finished``).
+
+The fields that decide which pages may be shared are set by the connector from vLLM's config and
+are refused in the extra config: ``model_name`` (the served model plus the page byte format),
+``kv_dtype``, ``tp_*``/``pp_*``/``attn_cp_*``, ``layout``, ``is_mla_model`` and
+``should_split_heads``. ``model_revision`` defaults to vLLM's ``--revision``.
+
+Every key is checked when the connector is built: an unknown key, a wrong type or an invalid
+value raises :class:`hicache_core.ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hicache_core import ConfigError, ControllerSettings, StorageConfig
+from hicache_core.config import read_config_file
+
+__all__ = [
+    "CONNECTOR_KEYS",
+    "ENGINE_FIELDS",
+    "EXTRA_KEYS",
+    "ConnectorSettings",
+    "PageFormat",
+    "parse_extra_config",
+    "storage_config",
+]
+
+# StorageConfig fields the connector derives from vLLM (never from the operator).
+ENGINE_FIELDS = frozenset(
+    {
+        "model_name",
+        "kv_dtype",
+        "tp_rank",
+        "tp_size",
+        "pp_rank",
+        "pp_size",
+        "attn_cp_rank",
+        "attn_cp_size",
+        "layout",
+        "is_mla_model",
+        "should_split_heads",
+        "disaggregation_mode",
+        "mamba_scheduler_strategy",
+    }
+)
+_OPERATOR_FIELDS = frozenset(StorageConfig.model_fields) - ENGINE_FIELDS
+_CONTROLLER_FIELDS = frozenset(ControllerSettings.model_fields)
+CONNECTOR_KEYS = frozenset({"config", "async_save"})
+EXTRA_KEYS = CONNECTOR_KEYS | _OPERATOR_FIELDS | _CONTROLLER_FIELDS
+
+
+@dataclass(frozen=True)
+class ConnectorSettings:
+    """The operator's part of the hicache config (validated; engine fields not yet set)."""
+
+    fields: dict[str, Any]
+    async_save: bool = False
+
+    @property
+    def backend(self) -> str:
+        return str(self.fields["backend"])
+
+
+@dataclass(frozen=True)
+class PageFormat:
+    """What the bytes of one stored page mean; it namespaces the keys (``model_name``)."""
+
+    model: str
+    revision: str | None
+    kv_dtype: str
+    device: str
+    layout: str
+    block_size: int
+    num_layers: int
+    is_mla: bool
+    tp_size: int
+    pp_size: int
+
+    def model_name(self) -> str:
+        """``{model}@vllm:{device}:{layout}:bs{block}:L{layers}``: pages of another engine, layout,
+        block size or layer count never share keys with these."""
+        return (
+            f"{self.model}@vllm:{self.device}:{self.layout}:bs{self.block_size}:L{self.num_layers}"
+            f"{':mla' if self.is_mla else ''}"
+        )
+
+
+def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
+    """Validate vLLM's ``kv_connector_extra_config`` (see the module docstring)."""
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, Mapping):
+        raise ConfigError(
+            f"hicache-vllm: kv_connector_extra_config must be a JSON object, got {type(extra).__name__}"
+        )
+    for key in extra:
+        if not isinstance(key, str):
+            raise ConfigError(
+                f"hicache-vllm: kv_connector_extra_config keys must be strings, got {key!r:.80}"
+            )
+    engine = sorted(k for k in extra if k in ENGINE_FIELDS)
+    if engine:
+        raise ConfigError(
+            f"hicache-vllm: kv_connector_extra_config key(s) {engine} are set by the connector from "
+            "vLLM's own config (served model, KV dtype, parallel ranks, KV layout); remove them "
+            "(use 'model_revision' to separate two checkpoints served under one name)"
+        )
+    unknown = sorted(k for k in extra if k not in EXTRA_KEYS)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(EXTRA_KEYS), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise ConfigError(
+            f"hicache-vllm: unknown kv_connector_extra_config key(s) {', '.join(hints)}; the connector "
+            f"reads {sorted(EXTRA_KEYS)}"
+        )
+    data: dict[str, Any] = {}
+    path = extra.get("config")
+    if path is not None:
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise ConfigError(
+                "hicache-vllm: 'config' must be the path of a hicache config file (.toml, .yaml, .json), "
+                f"got {path!r:.80}"
+            )
+        data.update(read_config_file(path))
+        bad = sorted(k for k in data if k in ENGINE_FIELDS)
+        if bad:
+            raise ConfigError(
+                f"hicache-vllm: the hicache config file {str(path)!r} sets {bad}, which the connector "
+                "derives from vLLM's config; remove them from the file"
+            )
+    elif "backend" not in extra:
+        raise ConfigError(
+            "hicache-vllm: kv_connector_extra_config must name a hicache backend or a config file, e.g. "
+            '{"backend": "file", "options": {"root": "/var/cache/hicache"}} or '
+            '{"config": "/etc/hicache.toml"} (list the installed backends with `hicache backends`)'
+        )
+    async_save = extra.get("async_save", False)
+    if not isinstance(async_save, bool):
+        raise ConfigError(f"hicache-vllm: 'async_save' must be true or false, got {async_save!r:.80}")
+    for key, value in extra.items():
+        if key in CONNECTOR_KEYS:
+            continue
+        if key == "backend" and (not isinstance(value, str) or not value.strip()):
+            raise ConfigError(
+                f"hicache-vllm: 'backend' must be a backend name such as 'file', got {value!r:.80}"
+            )
+        if key == "options":
+            if not isinstance(value, Mapping):  # [], "", 0, null: never silently the default root
+                raise ConfigError(
+                    "hicache-vllm: 'options' must be a JSON object of the backend's options, e.g. "
+                    f'{{"root": "/var/cache/hicache"}}, got {type(value).__name__} {value!r:.80}'
+                )
+            base = data.get("options") if isinstance(data.get("options"), Mapping) else {}
+            value = {**base, **value}  # type: ignore[dict-item]
+        data[key] = value
+    # Metrics are on unless the operator turns them off: the connector reports through them.
+    data.setdefault("enable_storage_metrics", True)
+    # Validate every operator field now (engine fields get placeholders), naming the key.
+    try:
+        StorageConfig.model_validate(data)
+    except ConfigError as err:
+        raise ConfigError(f"hicache-vllm: invalid kv_connector_extra_config: {err}") from None
+    return ConnectorSettings(data, async_save)
+
+
+def storage_config(
+    settings: ConnectorSettings, page: PageFormat, *, tp_rank: int, pp_rank: int
+) -> StorageConfig:
+    """The ``StorageConfig`` of one vLLM rank: the operator's fields plus the engine's."""
+    data = dict(settings.fields)
+    if data.get("model_revision") is None and page.revision is not None:
+        data["model_revision"] = page.revision
+    data.update(
+        model_name=page.model_name(),
+        kv_dtype=page.kv_dtype,
+        tp_rank=tp_rank,
+        tp_size=page.tp_size,
+        pp_rank=pp_rank,
+        pp_size=page.pp_size,
+        is_mla_model=page.is_mla,
+    )
+    try:
+        return StorageConfig.model_validate(data)
+    except ConfigError as err:
+        raise ConfigError(f"hicache-vllm: cannot build the hicache config for vLLM: {err}") from None

@@ -1,0 +1,231 @@
+"""The worker side of the connector: vLLM's KV cache as a hicache pool, and the page moves.
+
+``register_kv_caches`` hands over one tensor per attention layer; vLLM 0.32 views them as
+``[blocks, heads, block_size, content]`` over one allocation. :meth:`WorkerSide.register` builds
+an :class:`hicache_core.pools.ExternalPool` over the SAME memory (no copy): the geometry (how
+many runs of bytes a block has per layer, their strides) is read from the tensors' shapes and
+strides, so any layout where blocks are dim 0 works (CPU ``LBHNC``: one run per layer; a
+block-outermost layout: one contiguous run per page, zero-copy for v2 backends; heads outside
+blocks: one run per layer and head). Every load and save goes through the core's
+``TransferPath`` on the I/O path ``select_io_path`` picks for the backend and the pool layout.
+
+Failure never means wrong tokens: a page that fails to load (missing, corrupt, backend error)
+is reported with every later page of its request through :meth:`load_errors`, and vLLM
+recomputes them; a failed save is logged and counted, nothing else happens. No method raises
+into the engine after registration.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from hicache_core import PoolName, StorageConfig, Store, open_store
+from hicache_core.pools import ExternalPool
+from hicache_core.transfer import Plan, Request, TransferPath, select_io_path
+
+from ._scheduler import PageOp
+
+__all__ = ["TransferStats", "WorkerSide"]
+
+log = logging.getLogger("hicache.vllm")
+
+
+@dataclass
+class TransferStats:
+    """What the worker moved: pages, bytes and seconds of loads and saves, and failures."""
+
+    load_pages: int = 0
+    load_bytes: int = 0
+    load_s: float = 0.0
+    load_failed_pages: int = 0
+    save_pages: int = 0
+    save_bytes: int = 0
+    save_s: float = 0.0
+    save_failed_pages: int = 0
+
+
+class WorkerSide:
+    """The worker half: pool, store, transfer path, pending load errors and async saves."""
+
+    def __init__(self, config: StorageConfig, block_size: int, *, async_save: bool) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.async_save = async_save
+        self.stats = TransferStats()
+        self.pool: ExternalPool | None = None
+        self.store: Store | None = None
+        self.path: TransferPath | None = None
+        self._errors: set[int] = set()
+        self._lock = threading.Lock()
+        self._saver = ThreadPoolExecutor(1, thread_name_prefix="hicache-vllm-save") if async_save else None
+        self._pending: dict[str, list[Future[None]]] = {}
+        self._finished_waiting: set[str] = set()
+        # Blocks whose load failed in this step: they hold no valid KV until vLLM recomputes
+        # them in a later step, so this step never saves them (nor any later page of the request).
+        self._failed_step: set[int] = set()
+        self._calls: ThreadPoolExecutor | None = None
+
+    # --------------------------------------------------------------- set-up
+    def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
+        """View vLLM's per-layer KV tensors as one hicache pool and open the store over it."""
+        tensors = list(kv_caches.values())
+        pool = ExternalPool.from_block_tensors(tensors, page_size=self.block_size)
+        store = open_store(self.config)
+        try:
+            io_path = select_io_path(store.capabilities, pool.layout)
+            if io_path is None:
+                raise RuntimeError(
+                    f"backend {store.name!r} implements only zero-copy v2, which needs page-contiguous "
+                    f"blocks; vLLM's KV layout here gives a {pool.layout.value} pool"
+                )
+            store.register_pool(PoolName.KV, pool)
+        except BaseException:
+            store.close()
+            raise
+        settings = self.config.controller
+        self.pool, self.store = pool, store
+        timeout = settings.io_timeout_s
+        if timeout is not None and store.capabilities.v1:
+            # a call abandoned at the timeout must never write vLLM's blocks later: staged v1
+            self._calls = ThreadPoolExecutor(4, thread_name_prefix="hicache-vllm-call")
+            self.path = TransferPath(
+                store,
+                "v1",
+                batch_pages=settings.batch_pages,
+                io_timeout_s=timeout,
+                call_pool=self._calls,
+                staged=True,
+            )
+            io_path = "v1"
+        else:
+            self.path = TransferPath(store, io_path, batch_pages=settings.batch_pages)
+        g = pool.geometry
+        log.info(
+            "hicache-vllm: backend %r over vLLM's KV cache in place: %d blocks of %d runs x %d bytes "
+            "(%s pool, %s path, namespace %s)",
+            store.name,
+            g.num_blocks,
+            g.runs,
+            g.run_nbytes,
+            pool.layout.value,
+            io_path,
+            store.keys.scheme.namespace,
+        )
+
+    # ---------------------------------------------------------------- loads
+    def load(self, ops: Sequence[PageOp]) -> None:
+        """Read the pages of ``ops`` into their vLLM blocks; failed blocks go to :meth:`load_errors`."""
+        self._failed_step = set()
+        for op in ops:
+            if not op.hashes:
+                continue
+            ok = self._load_one(op)
+            n = len(op.hashes)
+            good = ok.index(False) if False in ok else n
+            if good < n:
+                # vLLM truncates the request at its first failed block: report that one and the rest
+                with self._lock:
+                    self._errors.update(op.block_ids[good:])
+                self._failed_step.update(op.block_ids[good:])
+                self.stats.load_failed_pages += n - good
+                log.warning(
+                    "hicache-vllm: request %s loaded %d of %d pages; vLLM recomputes the rest",
+                    op.req_id,
+                    good,
+                    n,
+                )
+
+    def _load_one(self, op: PageOp) -> list[bool]:
+        path, pool = self.path, self.pool
+        if path is None or pool is None:
+            return [False] * len(op.hashes)
+        t0 = time.perf_counter()
+        try:
+            plan = Plan(PoolName.KV, pool, list(range(len(op.hashes))), list(op.block_ids))
+            flags = path.get(Request(op.hashes), [plan])[PoolName.KV]
+        except Exception as err:
+            log.error("hicache-vllm: load of request %s failed: %s: %s", op.req_id, type(err).__name__, err)
+            return [False] * len(op.hashes)
+        good = flags.index(False) if False in flags else len(flags)
+        self.stats.load_s += time.perf_counter() - t0
+        self.stats.load_pages += good
+        self.stats.load_bytes += good * pool.page_nbytes
+        return flags
+
+    def load_errors(self) -> set[int]:
+        """Block ids that failed to load since the last call (vLLM recomputes them)."""
+        with self._lock:
+            out, self._errors = self._errors, set()
+        return out
+
+    # ---------------------------------------------------------------- saves
+    def save(self, ops: Sequence[PageOp]) -> None:
+        """Write the pages of ``ops`` (skipping stored ones): now, or on the save thread."""
+        for op in ops:
+            if self._saver is not None:
+                with self._lock:  # the scheduler waits for this request's report (get_finished)
+                    self._pending.setdefault(op.req_id, [])
+            if self._failed_step:
+                bad = [i for i, b in enumerate(op.block_ids) if b in self._failed_step]
+                if bad:
+                    op = PageOp(op.req_id, op.hashes[: bad[0]], op.block_ids[: bad[0]])
+            if not op.hashes:
+                continue
+            if self._saver is None:
+                self._save_one(op)
+            else:
+                fut = self._saver.submit(self._save_one, op)
+                with self._lock:
+                    self._pending.setdefault(op.req_id, []).append(fut)
+
+    def _save_one(self, op: PageOp) -> None:
+        path, pool = self.path, self.pool
+        if path is None or pool is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            plan = Plan(PoolName.KV, pool, list(range(len(op.hashes))), list(op.block_ids))
+            flags, _ = path.put(Request(op.hashes), [plan])
+            done = sum(flags[PoolName.KV])
+        except Exception as err:
+            log.error("hicache-vllm: save of request %s failed: %s: %s", op.req_id, type(err).__name__, err)
+            done = 0
+        self.stats.save_s += time.perf_counter() - t0
+        self.stats.save_pages += done
+        self.stats.save_bytes += done * pool.page_nbytes
+        self.stats.save_failed_pages += len(op.hashes) - done
+
+    def finished_saves(self, finished_req_ids: set[str]) -> set[str]:
+        """Of the requests vLLM finished (now or before) that were sent saves, those whose saves
+        are all done. A request never sent a save is never reported: vLLM freed its blocks
+        already (``request_finished`` answered False for it)."""
+        with self._lock:
+            self._finished_waiting |= finished_req_ids & self._pending.keys()
+            done = {r for r in self._finished_waiting if all(f.done() for f in self._pending[r])}
+            for r in done:
+                self._pending.pop(r, None)
+            self._finished_waiting -= done
+        return done
+
+    def drain(self) -> None:
+        """Wait for every save in flight (before vLLM reuses the blocks of a preempted request)."""
+        with self._lock:
+            futures = [f for fs in self._pending.values() for f in fs]
+        for f in futures:
+            f.result()
+
+    def close(self) -> None:
+        if self._saver is not None:
+            self._saver.shutdown(wait=True)
+        if self._calls is not None:
+            self._calls.shutdown(wait=False)
+        store, self.store, self.path = self.store, None, None
+        if store is not None:
+            store.close()

@@ -1,0 +1,295 @@
+"""``HiCacheConnector``: any hicache backend as a vLLM KV store (``KVConnectorBase_V1``).
+
+Load it with::
+
+    KVTransferConfig(kv_connector="HiCacheConnector", kv_connector_module_path="hicache_vllm",
+                     kv_role="kv_both", kv_connector_extra_config={"backend": "file",
+                     "options": {"root": "/var/cache/hicache"}})
+
+or the same JSON on ``vllm serve --kv-transfer-config``. vLLM builds one instance in the
+scheduler (``SchedulerSide``: page hashes, one batched existence query per new request, the
+loads and saves of each step) and one per worker (``WorkerSide``: vLLM's KV cache viewed in place
+as a hicache pool; loads before the forward pass, saves after it). Both open the store with
+the same ``StorageConfig`` apart from the rank, so their keys agree; the scheduler asks about
+tensor-parallel rank 0's pages.
+
+A hicache store is a cache: a page that fails to load is recomputed. The connector therefore
+runs vLLM with ``kv_load_failure_policy="recompute"`` (it sets it, with a log line, when the
+config says ``"fail"``): failed blocks are reported through ``get_block_ids_with_load_errors``
+and vLLM recomputes them instead of failing the request.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from hicache_core import ComponentSpec, ConfigError, HostPool, PoolName, open_store
+from hicache_core.transfer import TransferPath, select_io_path
+
+from ._config import ConnectorSettings, PageFormat, parse_extra_config, storage_config
+from ._scheduler import PageOp, SchedulerSide
+from ._worker import WorkerSide
+
+if TYPE_CHECKING:  # pragma: no cover
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+__all__ = ["HiCacheConnector", "HiCacheConnectorMetadata"]
+
+log = logging.getLogger("hicache.vllm")
+
+
+@dataclass
+class HiCacheConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc,unused-ignore]  # Any without vLLM
+    """Scheduler -> worker, once per step: pages to load and to save, and whether any request
+    was preempted (its blocks may be reused: saves in flight must finish first)."""
+
+    loads: list[PageOp] = field(default_factory=list)
+    saves: list[PageOp] = field(default_factory=list)
+    preempted: bool = False
+
+
+def _dtype_name(dtype: Any) -> str:
+    text = str(dtype)
+    return text[len("torch.") :] if text.startswith("torch.") else text
+
+
+def page_format(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> PageFormat:
+    """The page byte format of this engine, from vLLM's config (the same on scheduler and workers)."""
+    groups = list(kv_cache_config.kv_cache_groups)
+    if len(groups) != 1:
+        raise ConfigError(
+            f"hicache-vllm: this model has {len(groups)} KV cache groups (hybrid attention); the "
+            "connector supports models with one full-attention KV cache group"
+        )
+    spec = groups[0].kv_cache_spec
+    try:
+        layout = vllm_config.cache_config.get_resolved_kv_cache_layout().name
+    except Exception:  # not resolved yet in this process: the platform default
+        layout = "default"
+    try:
+        from vllm.platforms import current_platform
+
+        device = str(current_platform.device_type or "unknown")
+    except Exception:
+        device = "unknown"
+    model = vllm_config.model_config
+    parallel = vllm_config.parallel_config
+    return PageFormat(
+        model=str(model.model),
+        revision=getattr(model, "revision", None) or None,
+        kv_dtype=_dtype_name(getattr(spec, "dtype", vllm_config.cache_config.cache_dtype)),
+        device=device,
+        layout=layout,
+        block_size=int(spec.block_size),
+        num_layers=len(groups[0].layer_names),
+        is_mla="MLA" in type(spec).__name__,
+        tp_size=int(parallel.tensor_parallel_size),
+        pp_size=int(parallel.pipeline_parallel_size),
+    )
+
+
+def _ranks() -> tuple[int, int]:
+    """This worker's tensor- and pipeline-parallel ranks (0, 0 outside a distributed setup)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank()), int(get_pp_group().rank_in_group)
+    except Exception:
+        return 0, 0
+
+
+def _scheduler_side(settings: ConnectorSettings, page: PageFormat) -> SchedulerSide:
+    config = storage_config(settings, page, tp_rank=0, pp_rank=0)
+    store = open_store(config)
+    try:
+        # Existence queries need the pool's component names only (the keys), not its memory.
+        pool = HostPool([ComponentSpec("kv", 1, (1,), torch.uint8)], 1)
+        store.register_pool(PoolName.KV, pool)
+        io_path = select_io_path(store.capabilities, pool.layout) or "v1"
+        path = TransferPath(store, io_path, batch_pages=config.controller.batch_pages)
+    except BaseException:
+        store.close()
+        raise
+    return SchedulerSide(store, pool, path, page.block_size)
+
+
+class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore]  # Any without vLLM
+    """vLLM KV connector over a hicache store (see the module docstring)."""
+
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        transfer = self._kv_transfer_config
+        self.settings = parse_extra_config(transfer.kv_connector_extra_config)
+        self.page = page_format(vllm_config, kv_cache_config)
+        if getattr(transfer, "kv_load_failure_policy", "recompute") != "recompute":
+            log.info(
+                "hicache-vllm: kv_load_failure_policy set to 'recompute': a page that fails to load "
+                "is recomputed (a hicache store is a cache)"
+            )
+            transfer.kv_load_failure_policy = "recompute"
+        # kv_role: "kv_both" loads and saves, "kv_consumer" only loads, "kv_producer" only saves
+        self._loads = bool(getattr(transfer, "is_kv_consumer", True))
+        self._saves = bool(getattr(transfer, "is_kv_producer", True))
+        self.scheduler: SchedulerSide | None = None
+        self.worker: WorkerSide | None = None
+        self._saving: set[str] = set()  # requests with saves sent (async_save)
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = _scheduler_side(self.settings, self.page)
+        else:
+            tp_rank, pp_rank = _ranks()
+            config = storage_config(self.settings, self.page, tp_rank=tp_rank, pp_rank=pp_rank)
+            self.worker = WorkerSide(config, self.page.block_size, async_save=self.settings.async_save)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # best effort: a dropped save is a future miss
+
+    # ============================================================ scheduler
+    @staticmethod
+    def _cacheable(request: Request) -> bool:
+        """Whether a request's KV is a function of its prompt token ids alone: not with images
+        or other multimodal inputs, a LoRA adapter or a cache salt (the page hashes cover only
+        the token ids, so such requests are neither loaded nor saved)."""
+        return bool(
+            request.prompt_token_ids
+            and not getattr(request, "mm_features", None)
+            and getattr(request, "lora_request", None) is None
+            and not getattr(request, "cache_salt", None)
+        )
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
+        if self.scheduler is None or not self._loads or not self._cacheable(request):
+            return 0, False
+        prompt = request.prompt_token_ids or []
+        return self.scheduler.matched_tokens(request.request_id, prompt, num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        if self.scheduler is not None and self._cacheable(request):
+            prompt = request.prompt_token_ids or []
+            self.scheduler.after_alloc(request.request_id, prompt, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = HiCacheConnectorMetadata(preempted=bool(scheduler_output.preempted_req_ids))
+        sched = self.scheduler
+        if sched is None:
+            return meta
+        counts = scheduler_output.num_scheduled_tokens
+        scheduled = [
+            (r.req_id, r.num_computed_tokens, counts.get(r.req_id, 0))
+            for r in scheduler_output.scheduled_new_reqs
+        ]
+        cached = scheduler_output.scheduled_cached_reqs
+        scheduled += [
+            (rid, n, counts.get(rid, 0)) for rid, n in zip(cached.req_ids, cached.num_computed_tokens)
+        ]
+        manager = self._kv_cache_manager
+
+        def block_ids(req_id: str) -> list[int]:
+            assert manager is not None
+            return list(manager.get_block_ids(req_id)[0])
+
+        ops = sched.build(scheduled, block_ids)
+        meta.loads, meta.saves = ops.loads, ops.saves if self._saves else []
+        if self.settings.async_save:
+            self._saving.update(op.req_id for op in meta.saves)
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self.scheduler is not None:
+            self.scheduler.finished(request.request_id)
+        if request.request_id in self._saving:
+            self._saving.discard(request.request_id)
+            return True, None  # blocks stay until the worker reports the saves done
+        return False, None
+
+    # =============================================================== worker
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self.worker is None:
+            return
+        try:
+            self.worker.register(kv_caches)
+        except Exception as err:
+            # The engine still serves: every granted load reports failed blocks (recomputed).
+            log.error(
+                "hicache-vllm: cannot use vLLM's KV cache with backend %r, connector disabled "
+                "(every page is recomputed): %s: %s",
+                self.settings.backend,
+                type(err).__name__,
+                err,
+            )
+
+    def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
+        if self.worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, HiCacheConnectorMetadata)
+            self.worker.load(meta.loads)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # every page is loaded in start_load_kv, before the forward pass
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
+    ) -> None:
+        return  # pages are saved whole (every layer) in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self.worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, HiCacheConnectorMetadata)
+            self.worker.save(meta.saves)
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata) -> None:
+        meta = kv_connector_metadata
+        if self.worker is not None and isinstance(meta, HiCacheConnectorMetadata) and meta.preempted:
+            self.worker.drain()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self.worker is None or not self.settings.async_save:
+            return None, None
+        return self.worker.finished_saves(finished_req_ids) or None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.load_errors() if self.worker is not None else set()
+
+    def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+        if self.scheduler is not None:
+            self.scheduler.close()
+
+    # ============================================================== metrics
+    def stats(self) -> dict[str, Any]:
+        """Lookups (scheduler), pages/bytes/seconds moved (worker) and the ``metrics`` extension's
+        snapshot of this side's store (hits, misses, bytes, latency), when enabled."""
+        out: dict[str, Any] = {}
+        store = None
+        if self.scheduler is not None:
+            out["lookups"] = vars(self.scheduler.stats).copy()
+            store = self.scheduler.store
+        if self.worker is not None:
+            out["transfers"] = vars(self.worker.stats).copy()
+            store = self.worker.store
+        ext = store.extensions.get("metrics") if store is not None else None
+        snapshot = getattr(ext, "snapshot", None)
+        if snapshot is not None:
+            out["metrics"] = snapshot()
+        return out

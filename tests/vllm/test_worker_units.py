@@ -1,0 +1,104 @@
+"""The worker side over vLLM-shaped CPU KV tensors (no engine): in-place loads and saves, load
+errors, no save of a block whose load failed, and asynchronous saves reported when done."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hicache_vllm import PageFormat, parse_extra_config
+from hicache_vllm._config import storage_config
+from hicache_vllm._scheduler import PageOp
+from hicache_vllm._worker import WorkerSide
+
+from hicache_core import page_hashes
+
+L, B, H, N, D = 2, 8, 2, 4, 16  # vLLM CPU layout: (blocks, kv_heads, block_size, 2 * head_dim)
+
+
+def _kv() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    buf = torch.randn(L, B, H, N, 2 * D).to(torch.bfloat16)
+    return buf, {f"model.layers.{i}.self_attn.attn": buf[i] for i in range(L)}
+
+
+def _worker(root: Path, *, async_save: bool = False) -> WorkerSide:
+    settings = parse_extra_config(
+        {"backend": "file", "options": {"root": str(root)}, "async_save": async_save}
+    )
+    page = PageFormat("tiny", None, "bfloat16", "cpu", "LBHNC", N, L, False, 1, 1)
+    return WorkerSide(storage_config(settings, page, tp_rank=0, pp_rank=0), N, async_save=async_save)
+
+
+HASHES = page_hashes(list(range(4 * N)), N)
+
+
+def test_save_then_load_moves_the_engine_blocks_in_place(tmp_path: Path) -> None:
+    buf, kv = _kv()
+    w = _worker(tmp_path)
+    w.register(kv)
+    w.save([PageOp("r", HASHES, [1, 2, 3, 4])])
+    want = buf[:, 1:5].clone()
+    buf.zero_()
+    w.load([PageOp("r", HASHES, [5, 6, 7, 0])])
+    assert not w.load_errors()
+    assert torch.equal(buf[:, [5, 6, 7, 0]], want)
+    assert w.stats.save_pages == 4 and w.stats.load_pages == 4
+    assert w.stats.load_bytes == 4 * L * H * N * 2 * D * 2
+    w.close()
+
+
+def test_failed_loads_are_reported_and_never_saved_in_that_step(tmp_path: Path) -> None:
+    buf, kv = _kv()
+    w = _worker(tmp_path)
+    w.register(kv)
+    w.save([PageOp("r", HASHES[:2], [1, 2])])  # pages 2 and 3 are not stored
+    w.load([PageOp("r", HASHES, [4, 5, 6, 7])])
+    assert w.load_errors() == {6, 7} and w.load_errors() == set()
+    assert w.stats.load_failed_pages == 2
+    w.save([PageOp("r", HASHES, [4, 5, 6, 7])])  # same step: blocks 6, 7 hold no valid KV
+    reader = _worker(tmp_path)
+    reader.register(_kv()[1])
+    reader.load([PageOp("x", HASHES, [0, 1, 2, 3])])
+    assert reader.load_errors() == {2, 3}  # pages 2 and 3 were not written from blocks 6 and 7
+    w.load([])  # the next step: blocks 6 and 7 were recomputed by vLLM
+    w.save([PageOp("r", HASHES, [4, 5, 6, 7])])
+    rbuf, rkv = _kv()
+    reader2 = _worker(tmp_path)
+    reader2.register(rkv)
+    reader2.load([PageOp("x", HASHES, [0, 1, 2, 3])])
+    assert not reader2.load_errors()
+    assert torch.equal(rbuf[:, 2:4], buf[:, 6:8])  # the recomputed blocks' bytes
+    reader2.close()
+    w.close()
+    reader.close()
+
+
+def test_async_saves_are_reported_when_done(tmp_path: Path) -> None:
+    _, kv = _kv()
+    w = _worker(tmp_path, async_save=True)
+    w.register(kv)
+    w.save([PageOp("r", HASHES, [0, 1, 2, 3])])
+    done: set[str] = set()
+    deadline = time.monotonic() + 30
+    while "r" not in done and time.monotonic() < deadline:
+        done |= w.finished_saves({"r"} if not done else set())
+        time.sleep(0.01)
+    assert done == {"r"} and w.stats.save_pages == 4
+    assert w.finished_saves({"other"}) == set()  # never sent a save: vLLM freed it already
+    missing = page_hashes([9] * N, N)
+    w.load([PageOp("f", missing, [7])])  # fails: block 7 holds no valid KV in this step
+    w.save([PageOp("f", missing, [7])])  # nothing to write, but vLLM waits for the report
+    assert w.finished_saves({"f"}) == {"f"}
+    w.drain()
+    w.close()
+
+
+def test_unviewable_kv_cache_is_refused(tmp_path: Path) -> None:
+    w = _worker(tmp_path)
+    with pytest.raises(Exception, match="allocation"):
+        w.register({"a": torch.zeros(B, H, N, 2 * D), "b": torch.zeros(B, H, N, 2 * D)})
+    w.load([PageOp("r", HASHES, [0, 1, 2, 3])])  # not registered: every page fails, nothing raises
+    assert w.load_errors() == {0, 1, 2, 3}
+    w.close()
