@@ -8,9 +8,11 @@ hook or argument name is refused when the backend is loaded).
 
 General rules that hold for every I/O hook:
 
-* Results are positional: result ``i`` answers key/page ``i``. A result list always has
-  exactly one entry per input, and an implementation never returns ``None`` for an I/O
-  hook it implements (the store rejects both as a :class:`BackendContractError`).
+* Results are positional: result ``i`` answers key/page ``i``, whatever the order of the keys,
+  host indices and transfers, and when a key or page repeats in a GET or EXISTS batch (each
+  buffer gets the bytes). A result list always has exactly one entry per input, and an
+  implementation never returns ``None`` for an I/O hook it implements (the store rejects both
+  as a :class:`BackendContractError`).
 * An empty batch is legal and must return an empty list without touching storage.
 * Partial failure is reported per entry (``False``); raise only for failures that affect
   the whole call (connection lost, invalid input). The controller turns an exception into
@@ -18,7 +20,11 @@ General rules that hold for every I/O hook:
 * ``True`` for ``get`` means the destination buffer now holds exactly the bytes stored by
   a successful ``set`` of the same key; never report a page that was not fully read.
 * ``set`` must be atomic per key: a reader either sees the complete old state (absent) or
-  the complete new page, never a torn one.
+  the complete new page, never a torn one. ``True`` means published: a persistent backend
+  keeps the page even if the writing process ends without closing its store, and a shared one
+  shows it to every other store on the same options.
+* CONTRIBUTING.md numbers every rule of this contract (R1, R2, ...); the conformance suite
+  (:mod:`hicache_core.testing`) has tests for each.
 * Buffers are lent for the call only: never keep a reference to one or touch it after the
   hook returns. When the store is staged (``io_timeout_s`` or the ``timeout`` prefetch policy,
   ARCHITECTURE.md "Ownership of host memory"), v1 buffers are the call's own staging memory,

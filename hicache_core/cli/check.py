@@ -1,9 +1,10 @@
-"""``hicache check NAME [--options JSON|@file] [--json FILE] [--junitxml FILE] [-- pytest args]``.
+"""``hicache check NAME [--options JSON|@file] [--rules] [--json FILE] [--junitxml FILE] [-- pytest args]``.
 
 Resolves the backend first (an unknown or unavailable backend is reported with the core's
 message, no traceback), validates the options, then runs the conformance suite in-process with
 ``pytest.main`` (``--pyargs hicache_core.testing --hicache-backend NAME``) and prints a summary
-table per test group with the skip reasons. A backend class that breaks the contract (a bad
+table per test group with the skip reasons (``--rules``: also one row per rule of the backend
+contract, with its tests and their result). A backend class that breaks the contract (a bad
 ``Options`` model, a misspelled hook, ...) is not refused here: the suite runs and reports the
 defect as failing tests. ``--json FILE`` writes the result as one JSON object (also when the
 backend cannot be resolved), ``--junitxml FILE`` pytest's JUnit XML. Exit code 0 only when no
@@ -23,7 +24,16 @@ from typing import Any
 
 from ..errors import BackendContractError, BackendUnavailableError, HiCacheError, OptionsError
 
-__all__ = ["JSON_SCHEMA", "GroupSummary", "add_arguments", "report", "run", "summarize"]
+__all__ = [
+    "JSON_SCHEMA",
+    "GroupSummary",
+    "RuleSummary",
+    "add_arguments",
+    "report",
+    "rule_summary",
+    "run",
+    "summarize",
+]
 
 JSON_SCHEMA = "hicache-check/1"
 """The ``schema`` field of ``hicache check --json``: bumped when a field changes meaning."""
@@ -45,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"write the result as JSON to PATH (schema {JSON_SCHEMA!r}: verdict, totals, groups, tests)",
     )
     parser.add_argument("--junitxml", metavar="PATH", default=None, help="write pytest's JUnit XML report")
+    parser.add_argument(
+        "--rules",
+        action="store_true",
+        help="also print one row per rule of the backend contract (R1, R2, ...): its tests and their "
+        "result for this backend; a skipped rule shows the capability that skips it",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="hide pytest's progress output")
     parser.epilog = "Arguments after `--` go to pytest, e.g. `hicache check file -- -k v1 -x`."
 
@@ -61,12 +77,30 @@ class GroupSummary:
     failures: list[str] = field(default_factory=list)
 
 
+@dataclass
+class RuleSummary:
+    """One rule of the contract for one backend: its tests and their combined result."""
+
+    topic: str
+    text: str
+    tests: list[str] = field(default_factory=list)
+    result: str = "not run"
+    reasons: dict[str, int] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+
 class _Collector:
-    """A pytest plugin recording each test's final outcome."""
+    """A pytest plugin recording each test's final outcome and the rules it is tagged with."""
 
     def __init__(self) -> None:
         self.outcomes: dict[str, tuple[str, str]] = {}
         self.collect_errors: list[str] = []
+        self.rules: dict[str, tuple[str, ...]] = {}
+
+    def pytest_itemcollected(self, item: Any) -> None:
+        from ..testing import rules_of
+
+        self.rules[item.nodeid] = rules_of(item)
 
     def pytest_collectreport(self, report: Any) -> None:
         if report.failed:
@@ -135,6 +169,40 @@ def summarize(outcomes: Mapping[str, tuple[str, str]]) -> dict[str, GroupSummary
             g.failed += 1
             g.failures.append(f"{test}: {detail}" if detail else test)
     return {k: v for k, v in groups.items() if v.passed or v.failed or v.skipped or v.xfailed or k != "other"}
+
+
+def rule_summary(
+    outcomes: Mapping[str, tuple[str, str]], rules: Mapping[str, tuple[str, ...]]
+) -> dict[str, RuleSummary]:
+    """Per rule (in :data:`RULES` order): its tests (by name, parameters folded) and its result:
+    ``failed`` when one of its tests failed, else ``passed`` when one passed, else ``xfailed`` or
+    ``skipped`` (with the skip reasons, which name the capability), else ``not run``."""
+    from ..testing import RULES
+
+    out = {rid: RuleSummary(r.topic, r.text) for rid, r in RULES.items()}
+    seen: dict[str, set[str]] = {rid: set() for rid in out}
+    for nodeid, ids in rules.items():
+        test = nodeid.rsplit("::", 1)[-1]
+        outcome, detail = outcomes.get(nodeid, ("not run", ""))
+        for rid in ids:
+            summary = out.get(rid)
+            if summary is None:
+                continue
+            base = test.split("[", 1)[0]
+            if base not in seen[rid]:
+                seen[rid].add(base)
+                summary.tests.append(base)
+            if outcome in ("failed", "error"):
+                summary.failures.append(f"{test}: {detail}" if detail else test)
+            elif outcome == "skipped":
+                summary.reasons[detail] = summary.reasons.get(detail, 0) + 1
+            if outcome != "not run":
+                seen[rid].add(f"@{outcome}")
+    rank = ("failed", "error", "passed", "xfailed", "skipped")
+    for rid, summary in out.items():
+        got = next((o for o in rank if f"@{o}" in seen[rid]), "not run")
+        summary.result = "failed" if got == "error" else got
+    return out
 
 
 def _pytest_args(
@@ -222,6 +290,8 @@ def _run(args: argparse.Namespace, json_path: str | None) -> int:
             pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
         )
     summary = summarize(collector.outcomes)
+    if getattr(args, "rules", False):
+        _print_rules(name, rule_summary(collector.outcomes, collector.rules))
     _print(name, summary, collector.collect_errors, contract_error)
     failed = sum(g.failed for g in summary.values()) + len(collector.collect_errors)
     exit_code = 1 if failed else code
@@ -278,11 +348,23 @@ def report(
             {
                 "test": nodeid.rsplit("::", 1)[-1],
                 "group": group_of(nodeid),
+                "rules": list(collector.rules.get(nodeid, ())),
                 "outcome": outcome,
                 "detail": detail,
             }
             for nodeid, (outcome, detail) in collector.outcomes.items()
         ],
+        "rules": {
+            rid: {
+                "topic": r.topic,
+                "text": r.text,
+                "tests": r.tests,
+                "result": r.result,
+                "skip_reasons": dict(r.reasons),
+                "failures": list(r.failures),
+            }
+            for rid, r in rule_summary(collector.outcomes, collector.rules).items()
+        },
         "collection_errors": list(collector.collect_errors),
     }
 
@@ -296,6 +378,28 @@ def _write_json(path: str, data: Mapping[str, Any]) -> None:
         os.replace(tmp, target)
     except OSError as err:
         raise HiCacheError(f"--json: cannot write {target}: {err.strerror or err}") from None
+
+
+def _print_rules(name: str, rules: Mapping[str, RuleSummary]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=f"hicache check {name}: the rules of the backend contract", show_lines=False)
+    table.add_column("rule", no_wrap=True)
+    table.add_column("topic", max_width=22, overflow="fold")
+    table.add_column("tests", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("notes (failing tests, skip reasons)", overflow="fold")
+    styles = {"failed": "red", "passed": "green", "skipped": "yellow", "xfailed": "yellow"}
+    for rid, r in rules.items():
+        notes = [f"FAILED {_short(t)}" for t in r.failures[:3]]
+        if r.result == "skipped":
+            notes += [f"{reason} (x{n})" if n > 1 else reason for reason, n in r.reasons.items()]
+        tests = "\n".join(r.tests) if r.tests else "(no test)"
+        row = (rid, r.topic, tests, r.result, "\n".join(notes))
+        table.add_row(*(escape(c) for c in row), style=styles.get(r.result, "magenta"))
+    Console(width=max(120, Console().width)).print(table)
 
 
 def _print(

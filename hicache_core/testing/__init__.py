@@ -3,7 +3,8 @@
 * :class:`BackendConformance`: subclass it in your tests (the zarr ``StoreTests`` pattern);
 * ``pytest --pyargs hicache_core.testing --hicache-backend NAME [--hicache-options JSON|@file]``
   runs it against any installed backend (the ``hicache`` pytest plugin adds the options);
-* ``hicache check NAME [--options JSON|@file]`` runs it and prints a summary per group.
+* ``hicache check NAME [--options JSON|@file] [--rules]`` runs it and prints a summary per group
+  (with ``--rules``, per rule of the contract: :data:`RULES`).
 
 Importing this package is cheap: the suite (and torch) load on first use of
 :class:`BackendConformance`, so the pytest plugin stays import-light.
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._groups import GROUPS, group_of
 from ._options import parse_options
+from ._rules import RULES, Rule, rule, rules_of
 
 if TYPE_CHECKING:  # pragma: no cover
     from ._context import SuiteContext, default_page_bytes
@@ -24,12 +26,16 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "GROUPS",
+    "RULES",
     "BackendConformance",
+    "Rule",
     "SuiteContext",
     "default_page_bytes",
     "group_of",
     "hookspec_signatures",
     "parse_options",
+    "rule",
+    "rules_of",
 ]
 
 _LAZY = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -24,6 +24,7 @@ from hicache_core import (
     MambaPool,
     MHAKVPool,
     MLAKVPool,
+    PoolName,
     page_hashes,
 )
 from hicache_core.plugin import availability, load_backend_class
@@ -204,6 +205,18 @@ class SuiteBase:
         return IndexerPool(
             num_pages, self.page_size, self.num_layers, self.index_dim, layout=layout, allocate=allocate
         )
+
+    def declared_pools(
+        self, caps_pools: frozenset[PoolName], num_pages: int, *, layout: Layout | str = Layout.PAGE_FIRST
+    ) -> dict[PoolName, HostPool]:
+        """One pool of every kind in ``caps_pools``: MHA KV, Mamba, indexer and draft, in that order."""
+        makers: dict[PoolName, Callable[[], HostPool]] = {
+            PoolName.KV: lambda: self.make_kv_pool("mha", num_pages, layout=layout),
+            PoolName.MAMBA: lambda: self.make_mamba_pool(num_pages, layout=layout),
+            PoolName.INDEXER: lambda: self.make_indexer_pool(num_pages, layout=layout),
+            PoolName.DRAFT: lambda: self.make_draft_pool(num_pages, layout=layout),
+        }
+        return {name: make() for name, make in makers.items() if name in caps_pools}
 
     def make_draft_pool(
         self, num_pages: int, *, layout: Layout | str = Layout.PAGE_FIRST, allocate: bool = True

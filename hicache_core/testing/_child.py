@@ -4,7 +4,8 @@ The child stays alive while the parent checks its pages (some stores, such as Mo
 page in the memory of the process that wrote it, so the writer must still be running). Protocol,
 one JSON object per line: the first line on stdin opens the store (``config``, ``geometry``,
 ``pages``); then ``{"op": "read", "hashes": [...]}`` (exists + get + sha256 of each component),
-``{"op": "write", "hashes": [...]}`` (default bytes with salt 11, set) or ``{"op": "exit"}``.
+``{"op": "write", "hashes": [...]}`` (default bytes with salt 11, set; with ``"each": true`` one
+call per page, so that writes of two processes interleave) or ``{"op": "exit"}``.
 Each reply is one stdout line prefixed with :data:`PREFIX` (other output is ignored).
 """
 
@@ -45,8 +46,8 @@ def main() -> int:
         store.register_pool(PoolName.KV, pool)
         v1 = store.capabilities.v1
 
-        def io(op: IoOp, hashes: list[str]) -> list[bool]:
-            idx = list(range(len(hashes)))
+        def io(op: IoOp, hashes: list[str], slots: list[int] | None = None) -> list[bool]:
+            idx = list(range(len(hashes))) if slots is None else slots
             if not v1:
                 keys = tuple(store.page_keys(PoolName.KV, hashes))
                 transfer = PoolTransfer(PoolName.KV, tuple(idx), tuple(hashes), keys=keys)
@@ -74,7 +75,11 @@ def main() -> int:
                 for views, h in zip(pool.page_views(range(len(hashes))), hashes):
                     for comp, v in zip(pool.components, views):
                         v.copy_(default_page_bytes(h, comp, v.numel(), WRITE_SALT).view(v.shape))
-                _emit({"digests": digests(len(hashes)), "set": io(IoOp.SET, hashes)})
+                if cmd.get("each"):
+                    flags = [io(IoOp.SET, [h], [i])[0] for i, h in enumerate(hashes)]
+                else:
+                    flags = io(IoOp.SET, hashes)
+                _emit({"digests": digests(len(hashes)), "set": flags})
             else:
                 break
     _emit({"closed": True})
@@ -134,6 +139,20 @@ class Child:
         """Send one request and wait for its reply."""
         self._send({"op": op, "hashes": hashes})
         return self._reply()
+
+    def send(self, op: str, hashes: list[str], **extra: Any) -> None:
+        """Send one request without waiting (:meth:`reply` collects the answer)."""
+        self._send({"op": op, "hashes": hashes, **extra})
+
+    def reply(self) -> dict[str, Any]:
+        """The answer to the request sent last."""
+        return self._reply()
+
+    def kill(self) -> None:
+        """End the child at once (SIGKILL): its store is never closed, as after a crash."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
 
     def close(self) -> None:
         """Ask the child to close its store and exit; kill it if it does not."""

@@ -42,6 +42,8 @@ _SUITE_MODULES = (
     "_t_semantics",
     "_t_static",
     "_t_stateful",
+    "_t_batch",
+    "_t_stores",
 )
 # Detailed assertion messages in the suite, however hicache-core is installed (not yet imported here).
 pytest.register_assert_rewrite(
@@ -68,6 +70,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "hicache_rule(*ids): the backend-contract rules a conformance test checks (R1, R2, ...)"
+    )
     backend = config.getoption("hicache_backend", None)
     raw = config.getoption("hicache_options", None)
     if raw is not None and not backend:
@@ -125,6 +130,16 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Mod
     if any(fnmatch.fnmatch(file_path.name, p) for p in patterns):
         return None  # the regular python collector takes it
     return pytest.Module.from_parent(parent, path=file_path)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each conformance test's rule ids become a JUnit XML property (``hicache_rules``)."""
+    from ._rules import rules_of
+
+    for item in items:
+        ids = rules_of(item)
+        if ids:
+            item.user_properties.append(("hicache_rules", " ".join(ids)))
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ._t_batch import BatchTests, PoolKindTests
 from ._t_concurrency import ConcurrencyTests
 from ._t_io import DraftTests, PoolsTests, V1Tests, V2Tests
 from ._t_keys import KeyTests
@@ -9,6 +10,7 @@ from ._t_lifecycle import LifecycleTests
 from ._t_semantics import SemanticsTests
 from ._t_stateful import StatefulTests
 from ._t_static import ContractTests, DiscoveryTests
+from ._t_stores import StoresTests
 
 __all__ = ["BackendConformance"]
 
@@ -19,9 +21,12 @@ class BackendConformance(
     V1Tests,
     V2Tests,
     PoolsTests,
+    PoolKindTests,
+    BatchTests,
     DraftTests,
     SemanticsTests,
     LifecycleTests,
+    StoresTests,
     ConcurrencyTests,
     KeyTests,
     StatefulTests,
@@ -47,5 +52,6 @@ class BackendConformance(
     Tests are driven by the backend's declared ``capabilities``: an optional capability that is
     not declared skips with a reason; a declared one that is not honoured fails with a message
     naming it. Test names are stable (public API) and grouped by the word after ``test_``
-    (see :data:`hicache_core.testing.GROUPS`).
+    (see :data:`hicache_core.testing.GROUPS`); each test is tagged with the contract rules it
+    checks (:data:`hicache_core.testing.RULES`, the pytest marker ``hicache_rule``).
     """

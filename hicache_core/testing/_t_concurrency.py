@@ -21,6 +21,7 @@ from hicache_core import HostPool, IoOp, MHAKVPool, PoolName, Store
 
 from ._base import SuiteBase
 from ._context import SuiteContext, expect_flags
+from ._rules import rule
 
 __all__ = ["ConcurrencyTests"]
 
@@ -55,8 +56,9 @@ def _run(threads: list[threading.Thread]) -> None:
 class ConcurrencyTests(SuiteBase):
     """Group ``concurrency``."""
 
+    @rule("R36")
     def test_concurrency_backup_prefetch(self, hc: SuiteContext, io_path: str) -> None:
-        """Threads back up (each its own bytes) and prefetch overlapping pages; every reported page
+        """R36: Threads back up (each its own bytes) and prefetch overlapping pages; every reported page
         holds one writer's bytes, whole."""
         hc.canary.enabled = False
         n, workers, rounds = 24, 4, 4
@@ -101,8 +103,9 @@ class ConcurrencyTests(SuiteBase):
         assert ctl.prefetch(hashes, dst).pages == n
         expect_flags(_versions(hc, kv, dst, hashes, salts), [True] * n, "bytes after the concurrent phase")
 
+    @rule("R18", "R36")
     def test_concurrency_raw_threads(self, hc: SuiteContext, io_path: str) -> None:
-        """Threads calling set (each its own bytes) / exists / get on one store at once get correct
+        """R18, R36: Threads calling set (each its own bytes) / exists / get on one store at once get correct
         per-page results, and every page read holds one writer's bytes, whole."""
         hc.canary.enabled = False
         n, workers = 16, 4
@@ -135,8 +138,9 @@ class ConcurrencyTests(SuiteBase):
         _run([threading.Thread(target=worker, args=(t,)) for t in range(workers)])
         assert not problems, "; ".join(problems[:5])
 
+    @rule("R18")
     def test_concurrency_no_torn_pages(self, hc: SuiteContext, io_path: str) -> None:
-        """Writers re-set the same big pages (``torn_component_bytes`` per component) with bytes of
+        """R18: Writers re-set the same big pages (``torn_component_bytes`` per component) with bytes of
         their own while readers read them: every read is whole, one writer's bytes per component,
         never a mix (a torn or in-place write). Runs until enough reads overlapped a write."""
         hc.canary.enabled = False

@@ -19,6 +19,7 @@ from hicache_core import (
 
 from ._base import SuiteBase
 from ._context import SENTINEL, SuiteContext, expect_flags
+from ._rules import rule
 
 __all__ = ["DraftTests", "PoolsTests", "V1Tests", "V2Tests"]
 
@@ -30,9 +31,10 @@ KV = PoolName.KV
 class V1Tests(SuiteBase):
     """Group ``v1`` (skipped when ``capabilities.v1`` is not declared)."""
 
+    @rule("R9", "R11", "R15", "R17", "R20")
     @pytest.mark.parametrize(("kind", "pages"), V1_CASES, ids=[f"{k}-{n}" for k, n in V1_CASES])
     def test_v1_roundtrip(self, hc: SuiteContext, kind: str, pages: int) -> None:
-        """exists (absent) -> set -> exists -> get: one bool per component key, exact bytes."""
+        """R9, R11, R15, R17, R20: exists (absent) -> set -> exists -> get: one bool per component key, exact bytes."""
         hc.require("v1")
         store, pool = hc.kv_store(kind, max(pages, 1))
         if pages == 0:
@@ -54,9 +56,10 @@ class V1Tests(SuiteBase):
         expect_flags(hc.v1(store, IoOp.GET, KV, pool, hashes, idx), [True] * nkeys, "get")
         expect_flags(hc.matches(pool, idx, hashes), [True] * pages, "bytes after get")
 
+    @rule("R6", "R11")
     @pytest.mark.parametrize("kind", ["mha", "mla"])
     def test_v1_layer_first(self, hc: SuiteContext, kind: str) -> None:
-        """Strided (``layer_first``) page views are read and written in full."""
+        """R6, R11: Strided (``layer_first``) page views are read and written in full."""
         hc.require("v1")
         store, pool = hc.kv_store(kind, 13, layout="layer_first")
         hashes, idx = self.make_page_hashes(13), list(range(13))
@@ -65,8 +68,9 @@ class V1Tests(SuiteBase):
         expect_flags(hc.read(store, KV, pool, hashes, idx, path="v1"), [True] * 13, "get")
         expect_flags(hc.matches(pool, idx, hashes), [True] * 13, "bytes after get")
 
+    @rule("R10")
     def test_v1_get_missing(self, hc: SuiteContext) -> None:
-        """``get`` of keys never set reports ``False`` for each key."""
+        """R10: ``get`` of keys never set reports ``False`` for each key."""
         hc.require("v1")
         store, pool = hc.kv_store("mha", 5)
         hashes = self.make_page_hashes(5)
@@ -75,8 +79,9 @@ class V1Tests(SuiteBase):
             hc.v1(store, IoOp.GET, KV, pool, hashes, list(range(5))), [False] * 10, "get of absent keys"
         )
 
+    @rule("R13")
     def test_v1_size_mismatch_is_miss(self, hc: SuiteContext) -> None:
-        """A stored object whose size differs from the buffer is a miss, never a partial copy."""
+        """R13: A stored object whose size differs from the buffer is a miss, never a partial copy."""
         hc.require("v1")
         store, pool = hc.kv_store("mha", 3)
         hashes, idx = self.make_page_hashes(3), [0, 1, 2]
@@ -90,8 +95,9 @@ class V1Tests(SuiteBase):
         expect_flags(hc.read(store, KV, pool, hashes, idx, path="v1"), [True] * 3, "get after the mismatches")
         expect_flags(hc.matches(pool, idx, hashes), [True] * 3, "bytes after the mismatches")
 
+    @rule("R8", "R14")
     def test_v1_exists_per_key(self, hc: SuiteContext) -> None:
-        """``exists`` answers each component key on its own (no page-level shortcut)."""
+        """R8, R14: ``exists`` answers each component key on its own (no page-level shortcut)."""
         hc.require("v1")
         store, pool = hc.kv_store("mha", 6)
         hashes = self.make_page_hashes(6)
@@ -106,8 +112,9 @@ class V1Tests(SuiteBase):
 class V2Tests(SuiteBase):
     """Group ``v2`` (skipped when ``capabilities.v2`` is not declared)."""
 
+    @rule("R10")
     def test_v2_get_missing(self, hc: SuiteContext) -> None:
-        """``get`` of pages never set reports ``False`` for each page (alone and among stored ones)."""
+        """R10: ``get`` of pages never set reports ``False`` for each page (alone and among stored ones)."""
         hc.require("v2")
         store, pool = hc.kv_store("mha", 10)
         hashes = self.make_page_hashes(5)
@@ -118,8 +125,9 @@ class V2Tests(SuiteBase):
         got = hc.read(store, KV, pool, hashes, list(range(5, 10)), "v2")
         expect_flags(got, [True, False, True, False, True], "get of absent pages among stored ones")
 
+    @rule("R13")
     def test_v2_size_mismatch_is_miss(self, hc: SuiteContext) -> None:
-        """A stored page whose size differs from the registered pool's component is a miss, never a
+        """R13: A stored page whose size differs from the registered pool's component is a miss, never a
         partial copy (the pool re-registered under ``kv`` with other page sizes)."""
         hc.require("v2")
         store, pool = hc.kv_store("mha", 3)
@@ -134,9 +142,10 @@ class V2Tests(SuiteBase):
         expect_flags(hc.read(store, KV, pool, hashes, idx, path="v2"), [True] * 3, "get after the mismatches")
         expect_flags(hc.matches(pool, idx, hashes), [True] * 3, "bytes after the mismatches")
 
+    @rule("R9", "R11", "R15", "R17")
     @pytest.mark.parametrize("pages", BATCH_SIZES)
     def test_v2_roundtrip(self, hc: SuiteContext, pages: int) -> None:
-        """KV (MHA) through ``batch_io_v2``: exists -> set -> exists -> get, exact bytes."""
+        """R9, R11, R15, R17: KV (MHA) through ``batch_io_v2``: exists -> set -> exists -> get, exact bytes."""
         hc.require("v2")
         store, pool = hc.kv_store("mha", max(pages, 1))
         if pages == 0:
@@ -158,8 +167,9 @@ class V2Tests(SuiteBase):
         expect_flags(hc.v2(store, IoOp.GET, spec)[0], [True] * pages, "get")
         expect_flags(hc.matches(pool, idx, hashes), [True] * pages, "bytes after get")
 
+    @rule("R6", "R16")
     def test_v2_kv_mamba_trailing(self, hc: SuiteContext) -> None:
-        """KV + MAMBA in one call; Mamba state exists only for the trailing pages written."""
+        """R6, R16: KV + MAMBA in one call; Mamba state exists only for the trailing pages written."""
         hc.require("v2")
         hc.require_pool(PoolName.MAMBA)
         store = hc.open()
@@ -181,8 +191,9 @@ class V2Tests(SuiteBase):
         expect_flags(hc.matches(kv, idx, hashes), [True] * 8, "kv bytes")
         expect_flags(hc.matches(mamba, [2, 3], hashes[6:]), [True] * 2, "mamba bytes")
 
+    @rule("R6", "R16")
     def test_v2_kv_indexer_all_pages(self, hc: SuiteContext) -> None:
-        """KV + INDEXER in one call; per-page facts when the indexer has fewer pages."""
+        """R6, R16: KV + INDEXER in one call; per-page facts when the indexer has fewer pages."""
         hc.require("v2")
         hc.require_pool(PoolName.INDEXER)
         store = hc.open()
@@ -206,8 +217,9 @@ class V2Tests(SuiteBase):
         expect_flags(hc.matches(kv, idx[:5], hashes[:5]), [True] * 5, "kv bytes")
         expect_flags(hc.matches(ix, idx[:5], hashes[:5]), [True] * 5, "indexer bytes")
 
+    @rule("R35")
     def test_v2_draft(self, hc: SuiteContext) -> None:
-        """``draft_io=zero_copy_v2``: draft pages move over v2 with the target pages."""
+        """R35: ``draft_io=zero_copy_v2``: draft pages move over v2 with the target pages."""
         hc.require("v2")
         if hc.caps.draft_io is not DraftIoMode.ZERO_COPY_V2:
             pytest.skip(f"backend {hc.name!r} declares draft_io={hc.caps.draft_io.value!r}, not zero_copy_v2")
@@ -236,8 +248,9 @@ class V2Tests(SuiteBase):
 class PoolsTests(SuiteBase):
     """Group ``pools``: multi-pool pages through ``CacheController`` (whatever path it picks)."""
 
+    @rule("R6")
     def test_pools_kv_mamba(self, hc: SuiteContext, io_path: str) -> None:
-        """Backup, query and prefetch KV + Mamba state (trailing-pages hit policy)."""
+        """R6: Backup, query and prefetch KV + Mamba state (trailing-pages hit policy)."""
         hc.require_pool(PoolName.MAMBA)
         n = 8
         kv, mamba = self.make_kv_pool("mha", 2 * n), self.make_mamba_pool(4)
@@ -256,8 +269,9 @@ class PoolsTests(SuiteBase):
         expect_flags(hc.matches(kv, range(n, 2 * n), hashes), [True] * n, "kv bytes")
         expect_flags(hc.matches(mamba, [2, 3], hashes[-2:]), [True] * 2, "mamba bytes")
 
+    @rule("R6")
     def test_pools_kv_indexer(self, hc: SuiteContext, io_path: str) -> None:
-        """KV + DSA indexer (all-pages policy): a missing indexer page ends the prefix."""
+        """R6: KV + DSA indexer (all-pages policy): a missing indexer page ends the prefix."""
         hc.require_pool(PoolName.INDEXER)
         n = 8
         kv, ix = self.make_kv_pool("mha", 2 * n), self.make_indexer_pool(2 * n)
@@ -280,8 +294,9 @@ class PoolsTests(SuiteBase):
         expect_flags(hc.matches(kv, dst[:5], holed[:5]), [True] * 5, "kv bytes")
         expect_flags(hc.matches(ix, dst[:5], holed[:5]), [True] * 5, "indexer bytes")
 
+    @rule("R7")
     def test_pools_store_allocated(self, hc: SuiteContext, io_path: str) -> None:
-        """Planned pools (``allocate=False``) get memory through the store and round-trip."""
+        """R7: Planned pools (``allocate=False``) get memory through the store and round-trip."""
         n = 6
         extras: dict[PoolName | str, HostPool] = {}
         if PoolName.INDEXER in hc.caps.pools:
@@ -299,8 +314,9 @@ class PoolsTests(SuiteBase):
         for name, pool in ctl.pools.items():
             expect_flags(hc.matches(pool, range(n, 2 * n), hashes), [True] * n, f"{name.value} bytes")
 
+    @rule("R5")
     def test_pools_reregister_replaces(self, hc: SuiteContext, io_path: str) -> None:
-        """Registering pool B under a name that pool A had replaces A: I/O moves B's pages, and A
+        """R5: Registering pool B under a name that pool A had replaces A: I/O moves B's pages, and A
         (released) is never read or written again."""
         store = hc.open()
         first, second = self.make_kv_pool("mha", 4), self.make_kv_pool("mha", 4)
@@ -324,8 +340,9 @@ class PoolsTests(SuiteBase):
 class DraftTests(SuiteBase):
     """Group ``draft`` (skipped when ``draft_io`` is ``unsupported``)."""
 
+    @rule("R35")
     def test_draft_roundtrip(self, hc: SuiteContext, io_path: str) -> None:
-        """Draft pages are backed up and prefetched with their target pages (moved on ``io_path``),
+        """R35: Draft pages are backed up and prefetched with their target pages (moved on ``io_path``),
         byte-exact; the draft pool's own pages also round-trip through ``io_path``."""
         if hc.caps.draft_io is DraftIoMode.UNSUPPORTED:
             pytest.skip(f"backend {hc.name!r} declares draft_io='unsupported'")

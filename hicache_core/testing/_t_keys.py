@@ -42,6 +42,7 @@ from ._base import SuiteBase
 from ._context import SuiteContext
 from ._keyprops import KEY_FIELDS, RANK_FIELDS
 from ._options import isolate_path_options, path_option_names
+from ._rules import rule
 
 __all__ = ["KeyTests"]
 
@@ -108,8 +109,9 @@ class KeyTests(SuiteBase):
     """Hostile keys at the I/O hooks; properties of a custom key scheme."""
 
     # ----------------------------------------------------------------- errors
+    @rule("R25")
     def test_errors_hostile_keys(self, hc: SuiteContext, io_path: str, tmp_path: Path) -> None:
-        """Unsafe keys sent straight to the I/O hook (no controller, no store check) raise a typed
+        """R25: Unsafe keys sent straight to the I/O hook (no controller, no store check) raise a typed
         ``HiCacheError`` or answer ``False``, and nothing outside the backend's storage changes."""
         cage = tmp_path / "hostile-cage"
         deep = cage.joinpath(*(f"l{i}" for i in range(1, DEPTH + 1)))
@@ -189,9 +191,10 @@ class KeyTests(SuiteBase):
         yield name + " in a page after a valid one", lambda: (_first(hook2(op=op, transfers=[two])), 1)
 
     # -------------------------------------------------------------- isolation
+    @rule("R21", "R22")
     @pytest.mark.parametrize("field", KEY_FIELDS)
     def test_isolation_custom_keys(self, hc: SuiteContext, field: str) -> None:
-        """A custom ``hicache_page_keys``: configs differing in one identity field (model names that
+        """R21, R22: A custom ``hicache_page_keys``: configs differing in one identity field (model names that
         slug alike, revision, dtype, layout, tp/pp/cp rank and size), pools, components, draft and
         page hashes never share a key (hypothesis, seeded)."""
         if not callable(getattr(hc.cls, "hicache_page_keys", None)):

@@ -23,6 +23,7 @@ from hicache_core import (
 from ._base import SuiteBase
 from ._child import Child
 from ._context import SuiteContext, expect_flags, tensor_digest
+from ._rules import rule
 
 __all__ = ["LifecycleTests"]
 
@@ -34,8 +35,9 @@ class LifecycleTests(SuiteBase):
     """Reopen, a second process, and bad input."""
 
     # ------------------------------------------------------------ persistence
+    @rule("R28")
     def test_persistence_reopen(self, hc: SuiteContext, io_path: str) -> None:
-        """Pages survive closing the store and opening a new one on the same options."""
+        """R28: Pages survive closing the store and opening a new one on the same options."""
         hc.require("persistent")
         n = 13
         store, pool = hc.kv_store("mha", n)
@@ -60,8 +62,9 @@ class LifecycleTests(SuiteBase):
         expect_flags(hc.matches(ctl.pools.anchor, dst, hashes), [True] * n, "prefetched bytes after reopen")
 
     # ----------------------------------------------------------------- shared
+    @rule("R30")
     def test_shared_two_processes(self, hc: SuiteContext) -> None:
-        """Another process opening the same backend + options reads our pages, and we read its pages."""
+        """R30: Another process opening the same backend + options reads our pages, and we read its pages."""
         hc.require("shared")
         n = 6
         geo = {
@@ -99,8 +102,9 @@ class LifecycleTests(SuiteBase):
             )
 
     # ----------------------------------------------------------------- errors
+    @rule("R21", "R37")
     def test_errors_bad_page_hash(self, hc: SuiteContext) -> None:
-        """Unsafe or malformed page hashes raise ``KeyFormatError`` (also from a key override)."""
+        """R21, R37: Unsafe or malformed page hashes raise ``KeyFormatError`` (also from a key override)."""
         store, _ = hc.kv_store("mha", 2)
         ctl = hc.controller(self.make_kv_pool("mha", 2))
         for bad in ("../etc", "a/b", "", "x" * 200, "a b", "a\x00b"):
@@ -111,8 +115,9 @@ class LifecycleTests(SuiteBase):
         with pytest.raises(KeyFormatError):
             store.page_keys(KV, [123])  # type: ignore[list-item]
 
+    @rule("R37")
     def test_errors_batch_shape(self, hc: SuiteContext) -> None:
-        """Mismatched lengths and out-of-range host pages raise ``BatchShapeError``."""
+        """R37: Mismatched lengths and out-of-range host pages raise ``BatchShapeError``."""
         store, pool = hc.kv_store("mha", 3)
         hashes = self.make_page_hashes(3)
         if hc.caps.v1:
@@ -129,8 +134,9 @@ class LifecycleTests(SuiteBase):
         with pytest.raises(BatchShapeError):
             ctl.prefetch(hashes, [0, 1, 3])
 
+    @rule("R6", "R21", "R37")
     def test_errors_unregistered_pool(self, hc: SuiteContext) -> None:
-        """I/O on a pool that was never registered (or is unsupported) raises ``PoolError``."""
+        """R6, R21, R37: I/O on a pool that was never registered (or is unsupported) raises ``PoolError``."""
         store, _ = hc.kv_store("mha", 2)
         hashes = self.make_page_hashes(2)
         with pytest.raises(PoolError):
@@ -143,8 +149,9 @@ class LifecycleTests(SuiteBase):
             with pytest.raises(PoolError):
                 store.register_pool(unsupported[0], self.make_indexer_pool(2))
 
+    @rule("R37")
     def test_errors_unknown_backend(self, hc: SuiteContext) -> None:
-        """An unknown backend name raises ``BackendNotFoundError`` listing this backend."""
+        """R37: An unknown backend name raises ``BackendNotFoundError`` listing this backend."""
         with pytest.raises(BackendNotFoundError) as info:
             open_store(hc.config(backend=hc.name + "-no-such-backend"))
         assert hc.name in str(info.value)

@@ -14,6 +14,7 @@ from hicache_core import DraftIoMode, HostPool, HostPoolGroup, IoOp, PoolName, P
 
 from ._base import SuiteBase
 from ._context import SENTINEL, SuiteContext, expect_flags
+from ._rules import rule
 
 __all__ = ["SemanticsTests"]
 
@@ -24,6 +25,10 @@ ISOLATION_CASES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "layout": ({"layout": "page_first"}, {"layout": "layer_first"}),
     "pp_rank": ({"pp_size": 2, "pp_rank": 0}, {"pp_size": 2, "pp_rank": 1}),
     "attn_cp_rank": ({"attn_cp_size": 2, "attn_cp_rank": 0}, {"attn_cp_size": 2, "attn_cp_rank": 1}),
+    "model_revision": ({"model_revision": "rev-a"}, {"model_revision": "rev-b"}),
+    "tp_size": ({"tp_size": 2, "tp_rank": 0}, {"tp_size": 4, "tp_rank": 0}),
+    "pp_size": ({"pp_size": 2, "pp_rank": 0}, {"pp_size": 4, "pp_rank": 0}),
+    "attn_cp_size": ({"attn_cp_size": 2, "attn_cp_rank": 0}, {"attn_cp_size": 4, "attn_cp_rank": 0}),
 }
 
 
@@ -41,8 +46,9 @@ class SemanticsTests(SuiteBase):
         assert res.ok, f"backup: {res}"
         return ctl, kv, hashes
 
+    @rule("R16")
     def test_prefix_hole_ends_prefix(self, hc: SuiteContext, io_path: str) -> None:
-        """With page 4 of 10 missing, query and prefetch report a 4-page prefix."""
+        """R16: With page 4 of 10 missing, query and prefetch report a 4-page prefix."""
         ctl, kv, hashes = self._holed(hc, io_path)
         assert ctl.query(hashes).pages == 4, "a missing page must end the restorable prefix"
         dst = list(range(10, 20))
@@ -52,8 +58,9 @@ class SemanticsTests(SuiteBase):
         expect_flags(hc.matches(kv, dst[:4], hashes[:4]), [True] * 4, "prefix bytes")
         assert ctl.query(hashes[5:]).pages == 5
 
+    @rule("R15", "R16")
     def test_prefix_exists_reports_each_page(self, hc: SuiteContext, io_path: str) -> None:
-        """Raw ``exists`` and ``get`` report every page's own fact (the hole only), never a count."""
+        """R15, R16: Raw ``exists`` and ``get`` report every page's own fact (the hole only), never a count."""
         ctl, kv, hashes = self._holed(hc, io_path)
         expected = [True] * 4 + [False] + [True] * 5
         flags = hc.raw(ctl.store, IoOp.EXISTS, KV, kv, hashes, list(range(10)), path=io_path)
@@ -63,15 +70,17 @@ class SemanticsTests(SuiteBase):
         kept = [d for d, e in zip(dst, expected) if e]
         expect_flags(hc.matches(kv, kept, [h for h, e in zip(hashes, expected) if e]), [True] * 9, "bytes")
 
+    @rule("R16")
     def test_prefix_first_page_missing(self, hc: SuiteContext, io_path: str) -> None:
-        """Nothing is restorable when the first page is missing."""
+        """R16: Nothing is restorable when the first page is missing."""
         ctl, _, hashes = self._holed(hc, io_path, hole=0)
         assert ctl.query(hashes).pages == 0
         assert ctl.prefetch(hashes, list(range(10, 20))).pages == 0
 
     # ------------------------------------------------------------- idempotent
+    @rule("R19")
     def test_idempotent_reset_keeps_bytes(self, hc: SuiteContext, io_path: str) -> None:
-        """Setting the same pages again succeeds and leaves their bytes unchanged."""
+        """R19: Setting the same pages again succeeds and leaves their bytes unchanged."""
         store, pool = hc.kv_store("mha", 13)
         hashes, idx = self.make_page_hashes(13), list(range(13))
         hc.write(store, KV, pool, hashes, idx, path=io_path)
@@ -80,8 +89,9 @@ class SemanticsTests(SuiteBase):
         expect_flags(hc.read(store, KV, pool, hashes, idx, io_path), [True] * 13, "get after re-set")
         expect_flags(hc.matches(pool, idx, hashes), [True] * 13, "bytes after re-set")
 
+    @rule("R19")
     def test_idempotent_reset_never_mixes(self, hc: SuiteContext, io_path: str) -> None:
-        """Re-setting a key with other bytes leaves either the old or the new object, whole."""
+        """R19: Re-setting a key with other bytes leaves either the old or the new object, whole."""
         store, pool = hc.kv_store("mha", 6)
         hashes, idx = self.make_page_hashes(6), list(range(6))
         hc.write(store, KV, pool, hashes, idx, salt=1, path=io_path)
@@ -92,8 +102,9 @@ class SemanticsTests(SuiteBase):
         whole = [o or n for po, pn in zip(old, new) for o, n in zip(po, pn)]
         expect_flags(whole, [True] * len(whole), "each component holds the old or the new bytes")
 
+    @rule("R32")
     def test_idempotent_set_keeps_stored_object(self, hc: SuiteContext, io_path: str) -> None:
-        """``set_skips_existing``: SET of stored keys reports ``True`` and keeps the stored bytes;
+        """R32: ``set_skips_existing``: SET of stored keys reports ``True`` and keeps the stored bytes;
         the controller's backup (which then has no existence pass) keeps them too."""
         hc.require("set_skips_existing")
         path = io_path
@@ -122,8 +133,9 @@ class SemanticsTests(SuiteBase):
         )
 
     # ---------------------------------------------------------------- partial
+    @rule("R8", "R10")
     def test_partial_results_per_page(self, hc: SuiteContext, io_path: str) -> None:
-        """A batch mixing present and absent pages gets exact per-entry results and bytes."""
+        """R8, R10: A batch mixing present and absent pages gets exact per-entry results and bytes."""
         path = io_path
         store, pool = hc.kv_store("mha", 8)
         hashes, idx = self.make_page_hashes(8), list(range(8))
@@ -138,8 +150,9 @@ class SemanticsTests(SuiteBase):
             flat = hc.v1(store, IoOp.GET, KV, pool, hashes, idx)
             expect_flags(flat, [e for e in expected for _ in (0, 1)], "v1 get per component key")
 
+    @rule("R14")
     def test_partial_missing_component(self, hc: SuiteContext, io_path: str) -> None:
-        """A page with exactly one component missing from storage is never reported: v2 gives the
+        """R14: A page with exactly one component missing from storage is never reported: v2 gives the
         page ``False`` (exists and get), v1 the missing key; the other pages are exact."""
         store, pool = hc.kv_store("mha", 12)
         hashes, idx, hole = self.make_page_hashes(6), list(range(6)), 3
@@ -178,8 +191,9 @@ class SemanticsTests(SuiteBase):
         transfer = PoolTransfer(KV, (slot,), (page,), pool.hit_policy, ((k, other),))
         assert store.batch_io_v2(IoOp.SET, [transfer]) == [[True]], "set of one page"
 
+    @rule("R10", "R14")
     def test_partial_multi_pool(self, hc: SuiteContext) -> None:
-        """One v2 call over two pools reports each pool's pages separately."""
+        """R10, R14: One v2 call over two pools reports each pool's pages separately."""
         hc.require("v2")
         hc.require_pool(PoolName.INDEXER)
         store, kv = hc.kv_store("mha", 4)
@@ -226,19 +240,24 @@ class SemanticsTests(SuiteBase):
             assert ctl.prefetch(hashes, dst).pages == n
             expect_flags(hc.matches(pool, dst, hashes, salt=salt), [True] * n, f"bytes of config salt={salt}")
 
+    @rule("R22")
     def test_isolation_mha_tp_ranks(self, hc: SuiteContext) -> None:
-        """MHA pages differ per TP rank: rank 1 never sees (or overwrites) rank 0's pages."""
+        """R22: MHA pages differ per TP rank: rank 1 never sees (or overwrites) rank 0's pages."""
         self._roundtrip_pair(hc, {"tp_size": 2, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1})
 
+    @rule("R23")
     def test_isolation_mla_ranks_share(self, hc: SuiteContext) -> None:
-        """MLA KV is rank-replicated: rank 0 writes it and rank 1 reads the same pages."""
+        """R23: MLA KV is rank-replicated: rank 0 writes it and rank 1 reads the same pages."""
         self._roundtrip_pair(
             hc, {"tp_size": 2, "tp_rank": 0}, {"tp_size": 2, "tp_rank": 1}, "mla", shared=True
         )
 
+    @rule("R22")
     @pytest.mark.parametrize("field", list(ISOLATION_CASES))
     def test_isolation_config(self, hc: SuiteContext, field: str) -> None:
-        """Configs differing in model, KV dtype, layout, pp rank or attn-cp rank never share pages."""
+        """R22: "Two configs that differ in model name, model revision, KV dtype, layout or (for per-rank
+        pools) a tp, pp or attn-cp rank or size never share a page: neither sees nor overwrites the
+        other's". Two controllers (two stores), one field apart, on MHA KV (per-rank)."""
         if field == "layout" and hc.caps.zero_copy and not hc.caps.v1:
             pytest.skip(f"backend {hc.name!r} is zero-copy v2 only, which needs layout='page_first'")
         a, b = (dict(d) for d in ISOLATION_CASES[field])
@@ -246,8 +265,9 @@ class SemanticsTests(SuiteBase):
             b["model_name"] = hc.model_name + "-other"
         self._roundtrip_pair(hc, a, b)
 
+    @rule("R24")
     def test_isolation_pools(self, hc: SuiteContext) -> None:
-        """Pages of one pool are never visible as pages of another pool."""
+        """R24: Pages of one pool are never visible as pages of another pool."""
         store, kv = hc.kv_store("mha", 4)
         others = {
             PoolName.MAMBA: self.make_mamba_pool(4),
@@ -269,8 +289,9 @@ class SemanticsTests(SuiteBase):
         expect_flags(hc.read(store, KV, kv, hashes, idx), [True] * 4, "kv get")
         expect_flags(hc.matches(kv, idx, hashes), [True] * 4, "kv bytes after writing other pools")
 
+    @rule("R24", "R35")
     def test_isolation_draft(self, hc: SuiteContext) -> None:
-        """Draft pages live in their own key space: they never satisfy a target KV query."""
+        """R24, R35: Draft pages live in their own key space: they never satisfy a target KV query."""
         if hc.caps.draft_io is DraftIoMode.UNSUPPORTED:
             pytest.skip(f"backend {hc.name!r} declares draft_io='unsupported'")
         n = 5
@@ -289,8 +310,9 @@ class SemanticsTests(SuiteBase):
         expect_flags(hc.matches(draft, src, hashes, salt=9), [True] * n, "draft bytes after the KV backup")
 
     # ------------------------------------------------------------------ bytes
+    @rule("R11", "R12")
     def test_bytes_exact_after_get(self, hc: SuiteContext, io_path: str) -> None:
-        """Every byte (all-zero, all-0xFF, random) reads back exactly; a get writes nothing but its
+        """R11, R12: Every byte (all-zero, all-0xFF, random) reads back exactly; a get writes nothing but its
         target slots: not the pages around and between them, not another pool (canaries)."""
         store, pool = hc.kv_store("mha", 8)
         others = {n: p for n, p in self._other_pools(8).items() if n in hc.caps.pools}
@@ -329,8 +351,9 @@ class SemanticsTests(SuiteBase):
         }
 
     # ------------------------------------------------------------------ clear
+    @rule("R26", "R27")
     def test_clear_removes_only_namespace(self, hc: SuiteContext, io_path: str) -> None:
-        """``hicache_clear`` removes this namespace only: afterwards exists, get (even of pages just
+        """R26, R27: ``hicache_clear`` removes this namespace only: afterwards exists, get (even of pages just
         read, which a read cache may hold) and prefetch miss; new bytes are served after it."""
         hc.require_hook("hicache_clear")
         path = io_path

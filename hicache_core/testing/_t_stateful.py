@@ -10,6 +10,7 @@ from hicache_core import CacheController, IoOp, PoolName
 
 from ._base import SuiteBase
 from ._context import SuiteContext, expect_flags
+from ._rules import rule as contract_rule
 
 __all__ = ["StatefulTests"]
 
@@ -27,8 +28,9 @@ def _leading(model: dict[str, int], hashes: list[str]) -> int:
 class StatefulTests(SuiteBase):
     """Group ``stateful``."""
 
+    @contract_rule("R11", "R17", "R27", "R28")
     def test_stateful_dict_model(self, hc: SuiteContext, io_path: str) -> None:
-        """Random set / exists / get / query / prefetch / clear / reopen sequences agree with a dict."""
+        """R11, R17, R27, R28: Random set / exists / get / query / prefetch / clear / reopen sequences agree with a dict."""
         pytest.importorskip("hypothesis", reason="install hicache-core[testing] (hypothesis) for this test")
         from hypothesis import HealthCheck, Phase, settings
         from hypothesis import strategies as st

@@ -25,6 +25,7 @@ from hicache_core.plugin import describe_backend
 
 from ._base import SuiteBase
 from ._context import SuiteContext
+from ._rules import rule
 
 __all__ = ["ContractTests", "DiscoveryTests"]
 
@@ -32,8 +33,9 @@ __all__ = ["ContractTests", "DiscoveryTests"]
 class DiscoveryTests(SuiteBase):
     """Group ``discovery``."""
 
+    @rule("R1")
     def test_discovery_entry_point_resolves(self, hc: SuiteContext) -> None:
-        """The entry point named ``backend`` is listed and resolves to the backend class."""
+        """R1: The entry point named ``backend`` is listed and resolves to the backend class."""
         infos = find_backends()
         assert hc.name in infos, f"{hc.name!r} is not listed in group {BACKENDS_GROUP!r}: {sorted(infos)}"
         assert hc.name in backend_names()
@@ -45,8 +47,9 @@ class DiscoveryTests(SuiteBase):
             obj = getattr(obj, part)
         assert obj is hc.cls, f"entry point {info.value!r} resolves to {obj!r}, not {hc.cls!r}"
 
+    @rule("R1")
     def test_discovery_metadata(self, hc: SuiteContext) -> None:
-        """The distribution's metadata and ``hicache backends`` agree with the class."""
+        """R1: The distribution's metadata and ``hicache backends`` agree with the class."""
         info = find_backends()[hc.name]
         dist = metadata.distribution(info.distribution)
         assert dist.version == info.version
@@ -57,8 +60,9 @@ class DiscoveryTests(SuiteBase):
         assert row["distribution"] == info.distribution
         assert row["capabilities"] == hc.class_caps.as_dict()
 
+    @rule("R2")
     def test_discovery_open_close(self, hc: SuiteContext) -> None:
-        """``open_store`` builds the class with ``(config, options)``; closing twice is harmless."""
+        """R2: ``open_store`` builds the class with ``(config, options)``; closing twice is harmless."""
         store = hc.open()
         assert isinstance(store.backend, hc.cls)
         assert store.capabilities == hc.caps
@@ -70,8 +74,9 @@ class DiscoveryTests(SuiteBase):
 class ContractTests(SuiteBase):
     """Group ``contract``."""
 
+    @rule("R3")
     def test_contract_options_forbid_extras(self, hc: SuiteContext) -> None:
-        """``Options`` forbids unknown fields (typed ``OptionsError`` naming backend and field)."""
+        """R3: ``Options`` forbids unknown fields (typed ``OptionsError`` naming backend and field)."""
         model = hc.cls.Options  # type: ignore[attr-defined]
         assert model.model_config.get("extra") == "forbid"
         model()  # every field has a default
@@ -81,8 +86,9 @@ class ContractTests(SuiteBase):
             hc.open(options={**hc.options, bad: 1})
         assert hc.name in str(info.value) and bad in str(info.value)
 
+    @rule("R4", "R33", "R35")
     def test_contract_capabilities_well_formed(self, hc: SuiteContext) -> None:
-        """``capabilities`` is a valid ``Capabilities`` whose hooks and pools agree."""
+        """R4, R33, R35: ``capabilities`` is a valid ``Capabilities`` whose hooks and pools agree."""
         caps = hc.caps
         assert isinstance(caps, Capabilities)
         assert Capabilities(**{f.name: getattr(caps, f.name) for f in dataclasses.fields(caps)}) == caps
@@ -102,12 +108,17 @@ class ContractTests(SuiteBase):
             assert caps.v2 and PoolName.DRAFT in caps.pools, hc.declared(
                 "draft_io", "zero_copy_v2 draft I/O needs capabilities.v2 and 'draft' in capabilities.pools"
             )
+        for f in dataclasses.fields(caps):
+            mine, declared = getattr(caps, f.name), getattr(hc.class_caps, f.name)
+            wider = mine > declared if isinstance(mine, (bool, frozenset)) else False
+            assert not wider, f"an instance widens capabilities.{f.name} from {declared!r} to {mine!r}"
         store = hc.open()
         impls = store.pm.hook.hicache_register_pool.get_hookimpls()
         assert any(impl.plugin is store.backend for impl in impls), "hicache_register_pool is not implemented"
 
+    @rule("R34", "R35")
     def test_contract_draft_io_consistent(self, hc: SuiteContext) -> None:
-        """Under a default config the draft hook returns the declared ``draft_io``; split heads never get zero-copy."""
+        """R34, R35: Under a default config the draft hook returns the declared ``draft_io``; split heads never get zero-copy."""
         declared = hc.caps.draft_io
         got = hc.open().draft_io()
         assert isinstance(got, DraftIo)
@@ -134,8 +145,9 @@ class ContractTests(SuiteBase):
                 "draft_io", f"the controller disabled draft offload: {disabled}"
             )
 
+    @rule("R21")
     def test_contract_page_keys_safe(self, hc: SuiteContext) -> None:
-        """Component keys: one tuple per page, one key per component, file-name safe, all distinct."""
+        """R21: Component keys: one tuple per page, one key per component, file-name safe, all distinct."""
         store = hc.open()
         pools = {
             PoolName.KV: self.make_kv_pool("mha", 4),

@@ -5,7 +5,8 @@
 contract (CONTRIBUTING.md section 1, design.md sections 3, 4 and 8) forbids, and its docstring
 names the defect and quotes the rule it breaks (``Breaks: ...``). The examples live in this
 module and in ``broken_backends_*.py`` (v2 path, key schemes, file-writing backends, v1 and
-result shapes); :data:`EXAMPLES` lists every one with the suite tests that must catch it.
+result shapes, and ``broken_backends_rules.py``: defects written from the numbered rules before
+the rule tests existed); :data:`EXAMPLES` lists every one with the suite tests that must catch it.
 
 ``test_broken_backends.py`` installs these modules as a throwaway distribution (package
 ``hicache_broken_backends``, one ``hicache.backends`` entry point per example) and runs
@@ -339,6 +340,7 @@ _V2 = "broken_backends_v2:"
 _KEYS = "broken_backends_keys:"
 _FILE = "broken_backends_file:"
 _IO = "broken_backends_io:"
+_RULES = "broken_backends_rules:"
 
 #: Every example, correct ones first. ``caught_by`` names the suite tests that must fail: for a
 #: defect on one path of a v1 + v2 backend, the test of that path (``[v1]`` / ``[v2]``).
@@ -486,6 +488,33 @@ EXAMPLES: tuple[Example, ...] = (
         "test_errors_bad_page_hash",
         says="KeyFormatError",
     ),
+    # rules: written from CONTRIBUTING.md's numbered rules before the rule tests; each passed the
+    # whole suite of that day (broken_backends_rules.py)
+    _ex("broken-rules-negative-exists", _RULES + "NegativeExistsCache", "test_shared_two_stores[v1]"),
+    _ex(
+        "broken-rules-clear-own-writes",
+        _RULES + "ClearOwnWritesOnly",
+        "test_clear_every_pool_every_store[v1]",
+    ),
+    _ex(
+        "broken-rules-cache-foreign-clear",
+        _RULES + "CacheSurvivesForeignClear",
+        "test_clear_every_pool_every_store[v1]",
+    ),
+    _ex("broken-rules-index-lost-update", _RULES + "IndexLostUpdate", "test_shared_concurrent_ranks"),
+    _ex("broken-rules-write-back", _RULES + "WriteBackUntilClose", "test_persistence_process_exit"),
+    _ex("broken-rules-sidecar-in-memory", _RULES + "SidecarPoolsInMemory", "test_persistence_every_pool[v1]"),
+    _ex("broken-rules-clear-kv-only", _RULES + "ClearKvOnly", "test_clear_every_pool_every_store[v1]"),
+    _ex(
+        "broken-rules-sidecar-strides",
+        _RULES + "SidecarIgnoresStrides",
+        "test_pools_every_kind_every_layout[v1]",
+        "test_pools_every_kind_every_layout[v2]",
+    ),
+    _ex("broken-rules-dedupes-keys", _RULES + "DedupesRepeatedKeys", "test_batch_order_and_repetition[v1]"),
+    _ex("broken-rules-v2-sorts-slots", _RULES + "V2SortsHostIndices", "test_batch_order_and_repetition[v2]"),
+    _ex("broken-rules-v2-by-pool", _RULES + "V2ResultsByPool", "test_batch_transfers_any_order"),
+    _ex("broken-rules-v2-pool-order", _RULES + "V2ResultsInPoolOrder", "test_batch_transfers_any_order"),
 )
 
 #: Backends installed with the examples but not run through the suite (name -> ``module:Class``).
@@ -498,4 +527,5 @@ MODULES = (
     "broken_backends_keys",
     "broken_backends_file",
     "broken_backends_io",
+    "broken_backends_rules",
 )

@@ -163,8 +163,8 @@ _WORKER = (
 
 def _cost_first(names: Sequence[str]) -> list[str]:
     """Slow examples first (a shorter tail): ever-growing re-sets, a second process for
-    ``shared``, files on disk."""
-    slow = ("reset-appends", "shared", "file")
+    ``shared``, files on disk, the rule examples (most are shared, persistent files)."""
+    slow = ("reset-appends", "shared", "file", "rules-")
     return sorted(names, key=lambda n: next((i for i, s in enumerate(slow) if s in n), len(slow)))
 
 

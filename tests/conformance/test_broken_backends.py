@@ -28,6 +28,10 @@ from hicache_core.testing import group_of
 from tests.conformance.broken_backends import EXAMPLES, MODULES, Example
 from tests.conformance.helpers import CheckRun, run_checks, subprocess_env
 
+# The module fixture runs the whole suite against every example (about 6-8 minutes on 2 busy
+# cores): above the project's default per-test timeout, below run_checks' own 900 s limit.
+pytestmark = pytest.mark.timeout(1200)
+
 GOOD = [e for e in EXAMPLES if not e.broken]
 BROKEN = [e for e in EXAMPLES if e.broken]
 MUST_PASS = ("test_discovery_entry_point_resolves", "test_discovery_metadata")

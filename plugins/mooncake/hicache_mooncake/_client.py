@@ -191,6 +191,8 @@ class StoreLink:
     def get(self, keys: Sequence[str], ptrs: Sequence[int], sizes: Sequence[int]) -> list[bool]:
         """Read each object into ``(ptr, size)``; True only when exactly ``size`` bytes arrived."""
         keys, ptrs, sizes = _listed(keys), _listed(ptrs), _listed(sizes)
+        if len(set(keys)) != len(keys):
+            return _by_occurrence(self.get, keys, ptrs, sizes)
         fn = self.store.batch_get_into
         n = len(keys)
         if self._one_call(n):  # the usual read: one call, no list copies
@@ -245,6 +247,8 @@ class StoreLink:
         self, keys: Sequence[str], ptrs: Sequence[list[int]], sizes: Sequence[list[int]]
     ) -> list[bool]:
         keys = list(keys)
+        if len(set(keys)) != len(keys):
+            return _by_occurrence(self.get_ranges, keys, list(ptrs), list(sizes))
         fn = self.store.batch_get_into_multi_buffers
         codes = self._run(len(keys), lambda a, b: fn(keys[a:b], list(ptrs[a:b]), list(sizes[a:b])), "get")
         return self._read_flags(keys, codes, [sum(s) for s in sizes])
@@ -267,3 +271,21 @@ class StoreLink:
         self._closed = True
         self.conn.release(self._tag)
         release(self.conn)
+
+
+def _by_occurrence(read: Any, keys: list[str], ptrs: list[Any], sizes: list[Any]) -> list[bool]:
+    """``read`` a batch that names a key more than once: Mooncake's batch reads fill one buffer per
+    distinct key (and report every position read), so the n-th occurrences of keys go in call n."""
+    seen: dict[str, int] = {}
+    rounds: list[list[int]] = []
+    for i, key in enumerate(keys):
+        n = seen[key] = seen.get(key, -1) + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(i)
+    out = [False] * len(keys)
+    for idx in rounds:
+        flags = read([keys[i] for i in idx], [ptrs[i] for i in idx], [sizes[i] for i in idx])
+        for i, ok in zip(idx, flags):
+            out[i] = ok
+    return out
