@@ -72,6 +72,10 @@ def test_fast_benchmarks_run_and_report() -> None:
 def test_other_benchmarks_run_and_report(module: str) -> None:
     if not LONG:
         pytest.skip(f"{module} runs for 20 s to minutes even with --quick; set HICACHE_LONG_TESTS=1")
+    if module == "bench_peers" and not (BENCH / ".peers").is_dir():
+        pytest.skip("bench_peers needs the peer venvs of benchmarks/setup-peers.sh")
+    if module == "bench_vllm" and not (ROOT / ".venv-vllm").is_dir():
+        pytest.skip("bench_vllm needs .venv-vllm (integrations/vllm/setup-dev.sh)")
     proc = _run_all("--only", module, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     merged = json.loads(proc.stdout)
