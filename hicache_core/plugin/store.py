@@ -26,6 +26,7 @@ from ..errors import (
     OptionsError,
     PoolError,
 )
+from ..paging import ValidHashes
 from ..types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
 from .default_keys import DefaultPageKeys
 from .protocol import Backend
@@ -40,6 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["Store", "open_store", "validate_options"]
 
 log = logging.getLogger("hicache")
+_EXISTS = IoOp.EXISTS  # an enum member lookup costs a Python call (Python 3.11)
 
 
 def _io_op(op: object) -> IoOp:
@@ -193,14 +195,19 @@ class Store:
     # -------------------------------------------------------------------- I/O
     def page_keys(self, pool_name: PoolName | str, page_hashes: Sequence[str]) -> list[tuple[str, ...]]:
         """The component keys of each page (``hicache_page_keys``), one tuple per page hash."""
-        if isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence):
+        if type(page_hashes) is not ValidHashes and (
+            isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence)
+        ):
             raise BatchShapeError(
                 f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
             )
-        name = _pool_name(pool_name)
-        result = self._call(
-            self._page_keys_hook, "hicache_page_keys", pool_name=name, page_hashes=page_hashes
-        )
+        name = pool_name if type(pool_name) is PoolName else _pool_name(pool_name)
+        try:
+            result = self._page_keys_hook(pool_name=name, page_hashes=page_hashes)
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise self._plugin_error("hicache_page_keys", err) from err
         if not isinstance(result, (list, tuple)) or len(result) != len(page_hashes):
             raise BackendContractError(
                 f"backend {self.name!r}: hicache_page_keys returned "
@@ -219,9 +226,10 @@ class Store:
     ) -> list[bool]:
         """``hicache_batch_io_v1``: one bool per key. ``pool_name`` names the pool the buffers
         (and keys) belong to."""
-        op = _io_op(op)
-        name = _pool_name(pool_name)
-        if op is IoOp.EXISTS:
+        if type(op) is not IoOp:
+            op = _io_op(op)
+        name = pool_name if type(pool_name) is PoolName else _pool_name(pool_name)
+        if op is _EXISTS:
             buffers = None
         elif buffers is None or len(buffers) != len(keys):
             raise BatchShapeError(
@@ -232,14 +240,18 @@ class Store:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v1 I/O")
         if not keys:
             return []
-        result = self._call(
-            self._io_v1_hook, "hicache_batch_io_v1", op=op, keys=keys, buffers=buffers, pool_name=name
-        )
+        try:
+            result = self._io_v1_hook(op=op, keys=keys, buffers=buffers, pool_name=name)
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise self._plugin_error("hicache_batch_io_v1", err) from err
         return self._check_flags("hicache_batch_io_v1", result, len(keys))
 
     def batch_io_v2(self, op: IoOp | str, transfers: Sequence[PoolTransfer]) -> list[list[bool]]:
         """``hicache_batch_io_v2``: per transfer, one bool per page."""
-        op = _io_op(op)
+        if type(op) is not IoOp:
+            op = _io_op(op)
         if not self.capabilities.v2:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v2 I/O")
         for t in transfers:
@@ -249,13 +261,25 @@ class Store:
                 self.pool(t.pool)  # raises PoolError
         if not transfers:
             return []
-        result = self._call(self._io_v2_hook, "hicache_batch_io_v2", op=op, transfers=transfers)
+        try:
+            result = self._io_v2_hook(op=op, transfers=transfers)
+        except HiCacheError:
+            raise
+        except Exception as err:
+            raise self._plugin_error("hicache_batch_io_v2", err) from err
         if not isinstance(result, (list, tuple)) or len(result) != len(transfers):
             raise BackendContractError(
                 f"backend {self.name!r}: hicache_batch_io_v2 must return one list per transfer "
                 f"({len(transfers)}), got {'None' if result is None else len(result)}"
             )
-        return [self._check_flags("hicache_batch_io_v2", r, len(t)) for r, t in zip(result, transfers)]
+        out = []
+        for r, t in zip(result, transfers):
+            n = len(t.page_hashes)
+            if type(r) is list and len(r) == n and countOf(map(type, r), bool) == n:
+                out.append(r.copy())  # a list of our own, never the backend's object
+            else:
+                out.append(self._check_flags("hicache_batch_io_v2", r, n))
+        return out
 
     def _call(self, hook: pluggy.HookCaller, name: str, **kwargs: Any) -> Any:
         """Call a hook; a non-hicache exception from a plugin becomes a :class:`BackendIOError`."""
@@ -264,7 +288,11 @@ class Store:
         except HiCacheError:
             raise
         except Exception as err:
-            raise BackendIOError(f"backend {self.name!r}: {name} raised {type(err).__name__}: {err}") from err
+            raise self._plugin_error(name, err) from err
+
+    def _plugin_error(self, hook: str, err: Exception) -> BackendIOError:
+        """The :class:`BackendIOError` for a non-hicache exception ``err`` raised by a plugin's hook."""
+        return BackendIOError(f"backend {self.name!r}: {hook} raised {type(err).__name__}: {err}")
 
     def _check_flags(self, hook: str, result: Any, n: int) -> list[bool]:
         if result is None or not isinstance(result, (list, tuple)):

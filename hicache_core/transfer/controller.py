@@ -13,6 +13,7 @@ import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVar
 
 from ..config import PrefetchPolicy, StorageConfig
@@ -21,7 +22,7 @@ from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
 from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
 from .path import IoPath, Ownership, Request, TransferPath, select_io_path
-from .plan import IndexLike, Plan, leading_run, plan_request, restorable, usable
+from .plan import IndexLike, Plan, Planner, leading_run, restorable, usable
 from .prefetch import PrefetchHandle
 from .results import QueryResult, TransferResult
 
@@ -29,6 +30,7 @@ __all__ = ["CacheController", "DraftOffloadDisabledWarning", "PrefetchHandle"]
 
 log = logging.getLogger("hicache")
 T = TypeVar("T")
+_TRAILING = HitPolicy.TRAILING_PAGES  # an enum member lookup costs a Python call (Python 3.11)
 
 
 class DraftOffloadDisabledWarning(UserWarning):
@@ -120,6 +122,7 @@ class CacheController:
             store.register_pool(name, pool)
         self.path = self._transfer_path(self.io_path)
         self.draft_path = self._transfer_path(draft_path) if draft_path is not None else None
+        self._planner = Planner(self.pools)
 
     def _transfer_path(self, io_path: IoPath) -> TransferPath:
         settings = self.settings
@@ -264,11 +267,11 @@ class CacheController:
         progress: _Progress | None = None,
     ) -> tuple[Callable[[], TransferResult], Request]:
         """Check the arguments now (bad input raises here, not in a worker); return the run."""
-        req = _request(page_hashes)
-        plans, draft = plan_request(self.pools, len(req.hashes), host_indices, extra, self.draft_enabled)
+        req = _request(page_hashes) if type(page_hashes) is not list else Request(page_hashes)
+        plans, draft = self._planner.plan(len(req.hashes), host_indices, extra, self.draft_path is not None)
         if kind == "backup":
-            return (lambda: self._run_backup(req, plans, draft)), req
-        return (lambda: self._run_prefetch(req, plans, draft, stop, progress or _Progress())), req
+            return partial(self._run_backup, req, plans, draft), req
+        return partial(self._run_prefetch, req, plans, draft, stop, progress), req
 
     def _prepare_query(
         self, page_hashes: Sequence[str], window: int
@@ -276,7 +279,7 @@ class CacheController:
         req = _request(page_hashes)
         if type(window) is not int or window < 1:
             raise BatchShapeError(f"trailing_window must be an int >= 1, got {window!r}")
-        return (lambda: self._run_query(req, window)), req
+        return partial(self._run_query, req, window), req
 
     def _run_backup(self, req: Request, plans: list[Plan], draft: Plan | None) -> TransferResult:
         flags, skipped = self.path.put(req, plans)
@@ -319,17 +322,27 @@ class CacheController:
         plans: list[Plan],
         draft: Plan | None,
         stop: threading.Event | None,
-        progress: _Progress,
+        progress: _Progress | None,
     ) -> TransferResult:
         n = len(req.hashes)
         stopped = stop.is_set if stop is not None else None
-        trailing = [len(p.positions) for p in plans if p.pool.hit_policy is HitPolicy.TRAILING_PAGES]
+        trailing = []
+        for p in plans:
+            if p.pool.hit_policy is _TRAILING:
+                trailing.append(len(p.positions))
         if not trailing and draft is None and self.settings.prefetch_threshold <= 1:
             # No existence pass: GET batch by batch and stop after the first miss (at most one
             # batch past the end of the prefix is read in vain; a round trip per batch is saved).
+            if progress is None:  # synchronous: nobody reads the progress
+                flags = self.path.get(req, plans)
+                return TransferResult(
+                    usable(plans, flags, n, anchored=True), flags, None, 0, tuple(req.errors)
+                )
             progress.start(plans, n)
             self.path.get(req, plans, stopped=stopped, flags=progress.flags)
-            return progress.result(req)
+            return progress.result(req, final=True)
+        if progress is None:
+            progress = _Progress()
         window = max(trailing, default=1)
         probe = [_whole(p.name, p.pool, n) for p in plans]
         found = self.path.exists(req, probe) if n else {}
@@ -361,7 +374,7 @@ class CacheController:
             flags = {p.name: progress.flags[p.name][:pages] for p in anchored if p not in ends}
             flags.update(self.path.get(req, ends, until_miss=False))
             progress.start(anchored, pages, flags)
-        return progress.result(req)
+        return progress.result(req, final=True)
 
     # ----------------------------------------------------------------- admin
     def clear(self) -> int:
@@ -405,7 +418,9 @@ class CacheController:
 
 
 def _request(page_hashes: Sequence[str]) -> Request:
-    if isinstance(page_hashes, (str, bytes, set, frozenset, Mapping)):  # a set has no page order
+    if not isinstance(page_hashes, (list, tuple)) and isinstance(
+        page_hashes, (str, bytes, set, frozenset, Mapping)
+    ):  # a set has no page order
         raise BatchShapeError(
             f"page_hashes must be an ordered sequence of hash strings, not a {type(page_hashes).__name__}"
         )
@@ -445,12 +460,24 @@ class _Progress:
         self.draft: list[bool] | None = None
 
     def start(self, plans: list[Plan], pages: int, flags: dict[PoolName, list[bool]] | None = None) -> None:
-        self.flags = flags if flags is not None else {p.name: [False] * len(p.positions) for p in plans}
+        if flags is None:  # one list per plan, grown by TransferPath.get as batches land
+            flags = {}
+            for p in plans:
+                flags[p.name] = []
+        self.flags = flags
         self.plans = plans
         self.pages = pages
 
-    def result(self, req: Request) -> TransferResult:
-        flags = {name: list(f) for name, f in self.flags.items()}
+    def result(self, req: Request, *, final: bool = False) -> TransferResult:
+        """The pages loaded so far. ``final``: the prefetch is over and its flags are complete;
+        otherwise a snapshot, padded with False for the pages not read yet."""
+        flags = self.flags
+        if not final:
+            flags = {}
+            for p in self.plans:
+                f = list(self.flags.get(p.name, ()))
+                f += [False] * (len(p.positions) - len(f))
+                flags[p.name] = f
         pages = usable(self.plans, flags, self.pages, anchored=True) if self.plans else 0
         return TransferResult(pages, flags, self.draft, 0, tuple(req.errors))
 

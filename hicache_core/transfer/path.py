@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures import TimeoutError as FuturesTimeout
+from functools import partial
 from typing import Literal, TypeVar
 
 import torch
@@ -30,7 +31,7 @@ from ..errors import BackendTimeoutError, HiCacheError
 from ..paging import ValidHashes
 from ..plugin import Store
 from ..types import Capabilities, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
-from .plan import Plan, chunks, mark
+from .plan import Plan, chunks
 
 __all__ = ["IoPath", "Ownership", "Request", "TransferPath", "select_io_path"]
 
@@ -121,6 +122,7 @@ class TransferPath:
         self.call_pool = call_pool
         self.staged = staged
         self.skips_existing = store.capabilities.set_skips_existing
+        self.v2 = io_path == "v2"
 
     # ------------------------------------------------------------ one batch
     def keys(self, req: Request, plan: Plan) -> list[tuple[str, ...]]:
@@ -144,53 +146,58 @@ class TransferPath:
     def transfers(self, req: Request, plans: Sequence[Plan]) -> list[PoolTransfer]:
         """The v2 ``PoolTransfer`` of each plan: its pool, host pages, page hashes and keys."""
         whole = len(req.hashes)
-        return [
-            PoolTransfer(
-                p.name,
-                tuple(p.indices),
-                req.hashes if len(p.positions) == whole else req.hashes.pick(p.positions),
-                HitPolicy(p.pool.hit_policy),
-                tuple(self.keys(req, p)),
-            )
-            for p in plans
-        ]
+        out = []
+        for p in plans:
+            hashes = req.hashes if len(p.positions) == whole else req.hashes.pick(p.positions)
+            keys = self.keys(req, p)
+            # plain tuples throughout: PoolTransfer then keeps them as they are
+            out.append(PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, tuple(keys)))
+        return out
 
     def io(
         self, req: Request, op: IoOp, plans: Sequence[Plan], transfers: list[PoolTransfer] | None = None
     ) -> list[list[bool]]:
-        """One storage call for ``plans`` (v2), or one per plan (v1); per plan, one bool per page.
+        """One storage call for ``plans`` (v2), or one per plan (v1); per plan, one bool per page
+        (a list of this call's own). A failing or timed-out call reports its pages failed.
 
         ``transfers``: the plans' v2 transfers when already built for them (a put's SET reuses
         its EXISTS call's transfers when no page was found stored).
         """
-        if self.io_path == "v2":
-            batch = self.transfers(req, plans) if transfers is None else transfers
-            return self._guard(
-                req, op, lambda: self.store.batch_io_v2(op, batch), [len(p.positions) for p in plans]
-            )
-        return [self._io_v1(req, op, p) for p in plans]
+        if not self.v2:
+            return [self._io_v1(req, op, p) for p in plans]
+        batch = self.transfers(req, plans) if transfers is None else transfers
+        try:
+            if self.io_timeout_s is None:
+                return self.store.batch_io_v2(op, batch)
+            return self._bounded(partial(self.store.batch_io_v2, op, batch))
+        except Exception as err:
+            return self._failed(req, op, err, [len(p.positions) for p in plans])
 
     def _io_v1(self, req: Request, op: IoOp, plan: Plan) -> list[bool]:
-        n, ncomp = len(plan.positions), len(plan.pool.components)
+        n = len(plan.positions)
         if n == 0:
             return []
+        ncomp = len(plan.pool.components)
         keys = [k for page in self.keys(req, plan) for k in page]
-        views = (
-            None if op is IoOp.EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
-        )
+        views = None if op is _EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
         buffers = views
         if self.staged and views is not None:
             buffers = _staging(views)
-            if op is IoOp.SET:
+            if op is _SET:
                 with req.owner.lock:  # the bytes handed over are copied before the call
                     if req.owner.abandoned:
                         return [False] * n
                     for staged, view in zip(buffers, views):
                         staged.copy_(view)
-        flat = self._guard(
-            req, op, lambda: [self.store.batch_io_v1(op, keys, buffers, plan.name)], [len(keys)]
-        )[0]
-        if self.staged and op is IoOp.GET and views is not None and buffers is not None:
+        try:
+            if self.io_timeout_s is None:
+                flat = self.store.batch_io_v1(op, keys, buffers, plan.name)
+            else:
+                flat = self._bounded(partial(self.store.batch_io_v1, op, keys, buffers, plan.name))
+        except Exception as err:
+            self._failed(req, op, err, [len(keys)])
+            return [False] * n
+        if self.staged and op is _GET and views is not None and buffers is not None:
             with req.owner.lock:  # host slots are written only while the operation owns them
                 if req.owner.abandoned:
                     return [False] * n
@@ -201,17 +208,13 @@ class TransferPath:
             return flat
         return [all(flat[i * ncomp : (i + 1) * ncomp]) for i in range(n)]  # all components done
 
-    def _guard(
-        self, req: Request, op: IoOp, call: Callable[[], list[list[bool]]], sizes: list[int]
-    ) -> list[list[bool]]:
-        try:
-            return call() if self.io_timeout_s is None else self._bounded(call)
-        except Exception as err:
-            n = sum(sizes)
-            msg = f"backend {self.store.name!r} failed {op.value} of {n} entries: {type(err).__name__}: {err}"
-            log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
-            req.errors.append(msg)
-            return [[False] * s for s in sizes]
+    def _failed(self, req: Request, op: IoOp, err: Exception, sizes: list[int]) -> list[list[bool]]:
+        """Record a failed storage call (logged, and in ``req.errors``); every entry is False."""
+        n = sum(sizes)
+        msg = f"backend {self.store.name!r} failed {op.value} of {n} entries: {type(err).__name__}: {err}"
+        log.error("hicache: %s", msg, exc_info=not isinstance(err, HiCacheError))
+        req.errors.append(msg)
+        return [[False] * s for s in sizes]
 
     def _bounded(self, call: Callable[[], T]) -> T:
         assert self.call_pool is not None and self.io_timeout_s is not None
@@ -225,6 +228,9 @@ class TransferPath:
             ) from None
 
     # ------------------------------------------------------------- requests
+    # Results are folded in one pass: a plan's windows are consecutive runs of its positions, so
+    # its flags are its windows' answers appended batch by batch, and the pages never asked
+    # about are padded False at the end.
     def exists(
         self, req: Request, plans: Sequence[Plan], *, until_miss: bool = True
     ) -> dict[PoolName, list[bool]]:
@@ -233,49 +239,59 @@ class TransferPath:
         ``until_miss``: stop after the batch in which an all-pages pool (KV) misses a page; the
         pages not asked about count as missing.
         """
-        flags, base = _new_flags(plans)
-        for start, stop in chunks(len(req.hashes), self.batch_pages):
-            batch = _window(plans, start, stop)
+        flags: dict[PoolName, list[bool]] = {}
+        for p in plans:
+            flags[p.name] = []
+        for batch in _batches(plans, len(req.hashes), self.batch_pages):
             missed = False
-            for w, ok in zip(batch, self.io(req, IoOp.EXISTS, batch)):
-                mark(flags[w.name], base[w.name], w.positions, ok)
-                missed = missed or (w.pool.hit_policy is HitPolicy.ALL_PAGES and not all(ok))
+            for w, ok in zip(batch, self.io(req, _EXISTS, batch)):
+                flags[w.name] += ok
+                if not missed and w.pool.hit_policy is _ALL_PAGES and not all(ok):
+                    missed = True
             if missed and until_miss:
                 break
-        return flags
+        return _padded(flags, plans)
 
     def put(self, req: Request, plans: Sequence[Plan]) -> tuple[dict[PoolName, list[bool]], int]:
         """Write ``plans``' pages, skipping stored ones. Returns per plan one bool per page, and
         the number of pages not written (found stored, or another rank's to write)."""
-        flags, base = _new_flags(plans)
+        flags: dict[PoolName, list[bool]] = {}
+        for p in plans:
+            flags[p.name] = []
         skipped = 0
-        for start, stop in chunks(len(req.hashes), self.batch_pages):
+        for batch in _batches(plans, len(req.hashes), self.batch_pages):
             writable = []
-            for w in _window(plans, start, stop):
+            for w in batch:
                 if self.owner or not w.pool.rank_replicated:
                     writable.append(w)
                 else:  # rank-replicated data (MLA KV): rank 0 writes it
-                    mark(flags[w.name], base[w.name], w.positions, [True] * len(w.positions))
+                    flags[w.name] += [True] * len(w.positions)
                     skipped += len(w.positions)
             if not writable:
                 continue
-            todo = writable
-            transfers = self.transfers(req, writable) if self.io_path == "v2" else None
-            if not self.skips_existing:  # else SET itself keeps stored objects: no round trip
-                todo = []
-                for w, ok in zip(writable, self.io(req, IoOp.EXISTS, writable, transfers)):
-                    mark(flags[w.name], base[w.name], w.positions, ok)
-                    stored = sum(ok)
-                    if stored:
-                        skipped += stored
-                        transfers = None  # the SET moves only the rest: its own transfers
-                    rest = w.missing(ok)
-                    if rest is not None:
-                        todo.append(rest)
-            if todo:
-                for w, ok in zip(todo, self.io(req, IoOp.SET, todo, transfers)):
-                    mark(flags[w.name], base[w.name], w.positions, ok)
-        return flags, skipped
+            transfers = self.transfers(req, writable) if self.v2 else None
+            if self.skips_existing:  # SET itself keeps stored objects: no round trip
+                for w, ok in zip(writable, self.io(req, _SET, writable, transfers)):
+                    flags[w.name] += ok
+                continue
+            found = self.io(req, _EXISTS, writable, transfers)
+            todo, rests = [], []
+            for w, ok in zip(writable, found):
+                stored = sum(ok)
+                if stored:
+                    skipped += stored
+                    transfers = None  # the SET moves only the rest: its own transfers
+                rest = w.missing(ok) if stored else w  # nothing stored: the whole window
+                if rest is not None:
+                    todo.append(rest)
+                rests.append(rest)
+            written = iter(self.io(req, _SET, todo, transfers) if todo else ())
+            for w, ok, rest in zip(writable, found, rests):
+                if rest is not None:  # fill the pages found missing with the SET's answers
+                    done = next(written)
+                    ok = done if rest is w else _merge(ok, done)
+                flags[w.name] += ok
+        return _padded(flags, plans), skipped
 
     def get(
         self,
@@ -290,33 +306,64 @@ class TransferPath:
 
         ``until_miss``: stop after the first batch with a page not read (later pages would not be
         usable). ``stopped`` is asked before each batch; once it answers True no batch starts.
-        ``flags``: all-False flags to fill in place (so another thread can read the progress).
+        ``flags``: a dict to fill as batches land, so another thread can read the progress: each
+        plan's list (an empty one is added for a plan without) grows by one window per batch and
+        is padded with False when the read stops.
         """
-        new, base = _new_flags(plans)
-        flags = new if flags is None else flags
-        for start, stop in chunks(len(req.hashes), self.batch_pages):
+        out: dict[PoolName, list[bool]] = {} if flags is None else flags
+        for p in plans:
+            out.setdefault(p.name, [])
+        for batch in _batches(plans, len(req.hashes), self.batch_pages):
             if stopped is not None and stopped():
                 break
-            batch = _window(plans, start, stop)
             complete = True
-            for w, ok in zip(batch, self.io(req, IoOp.GET, batch)):
-                mark(flags[w.name], base[w.name], w.positions, ok)
-                complete = complete and all(ok)
+            for w, ok in zip(batch, self.io(req, _GET, batch)):
+                out[w.name] += ok
+                if complete and not all(ok):
+                    complete = False
             if until_miss and not complete:
                 break
-        return flags
+        return _padded(out, plans)
 
 
-def _window(plans: Sequence[Plan], start: int, stop: int) -> list[Plan]:
-    """The non-empty parts of ``plans`` whose positions fall in ``[start, stop)``."""
-    return [w for p in plans if (w := p.window(start, stop)).positions]
+# Enum members looked up once: on Python 3.11 each ``IoOp.GET`` costs a Python-level call.
+_EXISTS, _GET, _SET = IoOp.EXISTS, IoOp.GET, IoOp.SET
+_ALL_PAGES = HitPolicy.ALL_PAGES
 
 
-def _new_flags(plans: Sequence[Plan]) -> tuple[dict[PoolName, list[bool]], dict[PoolName, int]]:
-    """Per plan, all-False flags and its first position (flag ``i`` is position base + i)."""
-    flags = {p.name: [False] * len(p.positions) for p in plans}
-    base = {p.name: p.positions[0] if p.positions else 0 for p in plans}
-    return flags, base
+def _batches(plans: Sequence[Plan], n: int, step: int) -> list[list[Plan]]:
+    """An ``n``-page request in batches of ``step`` positions: per batch, the non-empty parts
+    (windows) of ``plans`` whose positions fall in it."""
+    if n <= step:  # one batch: every plan is its own window
+        one = []
+        for p in plans:
+            if p.positions:
+                one.append(p)
+        return [one] if n else []
+    out = []
+    for start, stop in chunks(n, step):
+        batch = []
+        for p in plans:
+            w = p.window(start, stop)
+            if w.positions:
+                batch.append(w)
+        out.append(batch)
+    return out
+
+
+def _padded(flags: dict[PoolName, list[bool]], plans: Sequence[Plan]) -> dict[PoolName, list[bool]]:
+    """``flags`` with each plan's list as long as the plan (pages never asked about: False)."""
+    for p in plans:
+        have = flags[p.name]
+        if len(have) < len(p.positions):
+            have += [False] * (len(p.positions) - len(have))
+    return flags
+
+
+def _merge(found: list[bool], written: list[bool]) -> list[bool]:
+    """``found`` with its False entries replaced, in order, by ``written``'s."""
+    it = iter(written)
+    return [True if f else next(it) for f in found]
 
 
 def _staging(views: Sequence[torch.Tensor]) -> list[torch.Tensor]:

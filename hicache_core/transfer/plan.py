@@ -10,7 +10,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from itertools import compress
-from operator import not_, or_
+from operator import not_
 from typing import Any
 
 from ..errors import ArgumentTypeError, BatchShapeError, PoolError
@@ -20,16 +20,16 @@ from ..types import HitPolicy, PoolName
 __all__ = [
     "IndexLike",
     "Plan",
-    "check_count",
+    "Planner",
     "chunks",
     "leading_run",
-    "mark",
-    "plan_request",
     "restorable",
     "usable",
 ]
 
 IndexLike = Sequence[int] | Any
+_ALL_PAGES = HitPolicy.ALL_PAGES  # an enum member lookup costs a Python call (Python 3.11)
+_KV = PoolName.KV
 
 
 class Plan:
@@ -74,73 +74,78 @@ class Plan:
         return f"Plan({self.name.value}, positions={self.positions}, indices={self.indices})"
 
 
-def plan_request(
-    pools: HostPoolGroup,
-    n: int,
-    host_indices: IndexLike,
-    extra: Mapping[PoolName | str, IndexLike] | None,
-    draft_enabled: bool,
-) -> tuple[list[Plan], Plan | None]:
-    """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
-    if extra is not None and not isinstance(extra, Mapping):
-        raise ArgumentTypeError(
-            "extra must be a mapping of pool name -> host indices (e.g. {'mamba': [3]}) or None, "
-            f"got {type(extra).__name__}"
-        )
-    anchor = pools.anchor
-    kv_idx = anchor.check_indices(host_indices)
-    check_count(kv_idx, n)
-    if not extra and len(pools) == 1:  # the usual request: the KV pool alone
-        return [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)], None
-    given: dict[PoolName, IndexLike] = {}
-    for name, idx in (extra or {}).items():
-        try:
-            pool_name = PoolName(name)
-        except ValueError:
-            raise PoolError(
-                f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}"
-            ) from None
-        if pool_name not in pools or pool_name is PoolName.KV:
-            raise PoolError(
-                f"extra indices for pool {str(name)!r}, which is not a sidecar pool of this group "
-                f"({[p.value for p in pools if p is not PoolName.KV]})"
+class Planner:
+    """Plans the requests of one pool group: its KV anchor and sidecar pools are looked up once
+    (when the controller attaches), not per request."""
+
+    __slots__ = ("anchor", "pools", "sidecars")
+
+    def __init__(self, pools: HostPoolGroup) -> None:
+        self.pools = pools
+        self.anchor = pools.anchor
+        self.sidecars = [(name, pool) for name, pool in pools.items() if name is not PoolName.KV]
+
+    def plan(
+        self,
+        n: int,
+        host_indices: IndexLike,
+        extra: Mapping[PoolName | str, IndexLike] | None,
+        draft_enabled: bool,
+    ) -> tuple[list[Plan], Plan | None]:
+        """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
+        if extra is not None and not isinstance(extra, Mapping):
+            raise ArgumentTypeError(
+                "extra must be a mapping of pool name -> host indices (e.g. {'mamba': [3]}) or None, "
+                f"got {type(extra).__name__}"
             )
-        given[pool_name] = idx
-    plans = [Plan(PoolName.KV, anchor, list(range(n)), kv_idx)]
-    draft: Plan | None = None
-    for name, pool in pools.items() if len(pools) > 1 else ():
-        if name is PoolName.KV:
-            continue
-        if name in given:
-            idx = pool.check_indices(given[name])
-        elif pool.hit_policy is HitPolicy.ALL_PAGES:
-            idx = pool.check_indices(kv_idx)  # sidecars share the KV page slots by default
-        else:
-            continue  # trailing-state pools move only when their slots are given
-        if pool.hit_policy is HitPolicy.TRAILING_PAGES:
-            if len(idx) > n:
-                raise BatchShapeError(
-                    f"{len(idx)} host slots for trailing pool {name.value!r} but only {n} pages"
+        anchor = self.anchor
+        kv_idx = anchor.check_indices(host_indices)
+        if len(kv_idx) != n:
+            raise BatchShapeError(
+                f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
+            )
+        plans = [Plan(_KV, anchor, list(range(n)), kv_idx)]
+        if not extra and not self.sidecars:  # the usual request: the KV pool alone
+            return plans, None
+        pools = self.pools
+        given: dict[PoolName, IndexLike] = {}
+        for name, idx in (extra or {}).items():
+            try:
+                pool_name = PoolName(name)
+            except ValueError:
+                raise PoolError(
+                    f"unknown pool name {name!r}; known pools: {[p.value for p in PoolName]}"
+                ) from None
+            if pool_name not in pools or pool_name is PoolName.KV:
+                raise PoolError(
+                    f"extra indices for pool {str(name)!r}, which is not a sidecar pool of this group "
+                    f"({[p.value for p in pools if p is not PoolName.KV]})"
                 )
-            positions = list(range(n - len(idx), n))
-        else:
-            if len(idx) != n:
-                raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
-            positions = list(range(n))
-        plan = Plan(name, pool, positions, idx)
-        if name is PoolName.DRAFT:
-            draft = plan if draft_enabled else None
-        else:
-            plans.append(plan)
-    return plans, draft
-
-
-def check_count(kv_indices: list[int], n: int) -> None:
-    """One KV host page per page hash, or :class:`BatchShapeError`."""
-    if len(kv_indices) != n:
-        raise BatchShapeError(
-            f"{len(kv_indices)} KV host indices for {n} page hashes; pass one host page per page hash"
-        )
+            given[pool_name] = idx
+        draft: Plan | None = None
+        for name, pool in self.sidecars:
+            if name in given:
+                idx = pool.check_indices(given[name])
+            elif pool.hit_policy is HitPolicy.ALL_PAGES:
+                idx = pool.check_indices(kv_idx)  # sidecars share the KV page slots by default
+            else:
+                continue  # trailing-state pools move only when their slots are given
+            if pool.hit_policy is HitPolicy.TRAILING_PAGES:
+                if len(idx) > n:
+                    raise BatchShapeError(
+                        f"{len(idx)} host slots for trailing pool {name.value!r} but only {n} pages"
+                    )
+                positions = list(range(n - len(idx), n))
+            else:
+                if len(idx) != n:
+                    raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
+                positions = list(range(n))
+            plan = Plan(name, pool, positions, idx)
+            if name is PoolName.DRAFT:
+                draft = plan if draft_enabled else None
+            else:
+                plans.append(plan)
+        return plans, draft
 
 
 def chunks(n: int, step: int) -> list[tuple[int, int]]:
@@ -148,23 +153,6 @@ def chunks(n: int, step: int) -> list[tuple[int, int]]:
     if n <= step:
         return [(0, n)] if n else []
     return [(s, min(s + step, n)) for s in range(0, n, step)]
-
-
-def mark(out: list[bool], base: int, positions: Sequence[int], ok: Sequence[bool]) -> None:
-    """Set ``out[pos - base]`` to True for each position whose entry in ``ok`` is True.
-
-    ``ok`` holds bools (checked by the store); positions ascend, so a run of consecutive
-    positions is one slice assignment.
-    """
-    k = len(positions)
-    if k and len(ok) == k and positions[-1] - positions[0] == k - 1:
-        lo = positions[0] - base
-        seg = out[lo : lo + k]
-        out[lo : lo + k] = map(or_, seg, ok) if any(seg) else ok
-        return
-    for pos, v in zip(positions, ok):
-        if v:
-            out[pos - base] = True
 
 
 def leading_run(flags: Sequence[bool]) -> int:
@@ -182,13 +170,18 @@ def usable(plans: list[Plan], flags: Mapping[PoolName, list[bool]], n: int, *, a
     pool stops short of the trailing pool's last page, nothing is usable.
     """
     pages = n
+    trailing = False
     for p in plans:
-        if p.pool.hit_policy is HitPolicy.ALL_PAGES:
-            pages = min(pages, leading_run(flags[p.name]))
-    for p in plans:
-        if p.pool.hit_policy is HitPolicy.TRAILING_PAGES:
-            if not all(flags[p.name]) or (anchored and p.positions and p.positions[-1] + 1 != pages):
-                return 0  # the state at the end of the prefix is missing or belongs elsewhere
+        if p.pool.hit_policy is _ALL_PAGES:
+            f = flags[p.name]
+            pages = min(pages, len(f) if all(f) else f.index(False))
+        else:
+            trailing = True
+    if trailing:
+        for p in plans:
+            if p.pool.hit_policy is not _ALL_PAGES:
+                if not all(flags[p.name]) or (anchored and p.positions and p.positions[-1] + 1 != pages):
+                    return 0  # the state at the end of the prefix is missing or belongs elsewhere
     return pages
 
 

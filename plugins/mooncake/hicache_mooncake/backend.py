@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["MooncakeBackend"]
 
 log = logging.getLogger("hicache.mooncake")
+_EXISTS, _SET = IoOp.EXISTS, IoOp.SET  # an enum member lookup costs a Python call (Python 3.11)
 
 
 @dataclass
@@ -196,28 +197,30 @@ class MooncakeBackend:
             op = IoOp(op)
         if not transfers:
             return []
-        for t in transfers:  # the hook may be called without the controller: keys are checked here
-            check_keys(_flat(t.keys))
-        if len(transfers) == 1 and op is not IoOp.EXISTS:  # the controller's usual call
+        # The hook may be called without the controller: each transfer's keys are flattened and
+        # checked here once, and exactly that checked list goes to the client.
+        flat_keys: list[list[str]] = []
+        for t in transfers:
+            tkeys = _flat(t.keys)
+            check_keys(tkeys)
+            flat_keys.append(tkeys)
+        if len(transfers) == 1 and op is not _EXISTS:  # the controller's usual call
             p = self._pools.get(transfers[0].pool)
             if p is not None and p.direct and len(p.metas) == 1:
-                return [self._direct_one(op, transfers[0], p)]
+                return [self._direct_one(op, transfers[0], p, flat_keys[0])]
         pools = [self._pool(t.pool) for t in transfers]
-        flat_keys: list[list[str]] = []
-        for t, p in zip(transfers, pools):
-            tkeys = _flat(t.keys)
+        for t, p, tkeys in zip(transfers, pools, flat_keys):
             if len(tkeys) != len(t) * len(p.pool.components):
                 raise BatchShapeError(
                     f"mooncake: transfer for pool {t.pool.value!r} carries {len(t.keys)} key tuples with "
                     f"{len(tkeys)} keys for {len(t)} pages of {len(p.pool.components)} components; resolve "
                     "keys with store.page_keys() (CacheController does)"
                 )
-            flat_keys.append(tkeys)
             hi = t.host_indices
-            if op is not IoOp.EXISTS and hi and (min(hi) < 0 or max(hi) >= p.pool.num_pages):
+            if op is not _EXISTS and hi and (min(hi) < 0 or max(hi) >= p.pool.num_pages):
                 p.pool.check_indices(hi)  # raises BatchShapeError naming the bad index
         counts = [len(k) for k in flat_keys]
-        if op is IoOp.EXISTS:
+        if op is _EXISTS:
             flags = self.link.exists(_flat(flat_keys))
             return self._per_page(flags, pools, counts)
         keys: list[str] = []
@@ -236,7 +239,7 @@ class MooncakeBackend:
                     for base, stride, size in p.metas:
                         ptrs.append(base + i * stride)
                         sizes.append(size)
-        flags = (self.link.put if op is IoOp.SET else self.link.get)(keys, ptrs, sizes) if keys else []
+        flags = (self.link.put if op is _SET else self.link.get)(keys, ptrs, sizes) if keys else []
         out: list[list[bool]] = []
         off = 0
         for t, p, k in zip(transfers, pools, flat_keys):
@@ -249,13 +252,13 @@ class MooncakeBackend:
             out.append(self._group(part, len(p.pool.components)))
         return out
 
-    def _direct_one(self, op: IoOp, t: PoolTransfer, p: _Pool) -> list[bool]:
-        """SET / GET of one transfer of a zero-copy pool with one component: one store call.
+    def _direct_one(self, op: IoOp, t: PoolTransfer, p: _Pool, keys: list[str]) -> list[bool]:
+        """SET / GET of one transfer of a zero-copy pool with one component: one store call
+        with ``keys``, the transfer's checked keys.
 
         What the general path does for it, with the addresses computed in C-level loops: right
         after a transfer of megabytes the CPU caches are cold, and every Python step counts.
         """
-        keys = list(chain.from_iterable(t.keys))
         hi = t.host_indices
         n = len(hi)
         if len(keys) != n:
@@ -270,7 +273,7 @@ class MooncakeBackend:
             p.pool.check_indices(hi)  # raises BatchShapeError naming the bad index
         ((base, stride, size),) = p.metas
         ptrs = list(map(add, repeat(base, n), map(mul, hi, repeat(stride, n))))
-        return (self.link.put if op is IoOp.SET else self.link.get)(keys, ptrs, [size] * n)
+        return (self.link.put if op is _SET else self.link.get)(keys, ptrs, [size] * n)
 
     def _per_page(self, flags: list[bool], pools: list[_Pool], counts: list[int]) -> list[list[bool]]:
         out, off = [], 0
