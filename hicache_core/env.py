@@ -103,6 +103,9 @@ SWITCHES: Final[tuple[EnvVar, ...]] = (
     _switch("METRICS_PORT", "int", "", "metrics extension: serve Prometheus metrics on this port"),
     _switch("METRICS_ADDR", "str", "127.0.0.1", "metrics extension: address of that exporter"),
     _switch("BENCH_SMOKE", "bool", "0", "benchmarks: a few iterations only (the smoke test)"),
+    _switch(
+        "PEERS_DIR", "str", "benchmarks/.peers", "peer benchmark: where setup-peers.sh put the peers' venvs"
+    ),
     _switch("LONG_TESTS", "bool", "0", "the project's own tests: run the long variants"),
     _switch(
         "KEEP_SERVER_LOGS", "bool", "0", "the project's own tests: keep the logs of the servers they start"

@@ -323,27 +323,59 @@ def test_injected_enospc(
             assert ctl.query([h]).pages == 1
 
 
-def test_fsync_orders_data_before_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("io_threads", [1, 2])
+def test_fsync_makes_data_records_and_new_entries_durable_before_success(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, io_threads: int
+) -> None:
+    """With ``fsync`` a batch is reported only after its data, its records and the directory
+    entries of a segment or log it created are all synced (the syncs may run in parallel)."""
     calls: list[str] = []
-    real_sync, real_write = os.fdatasync, os.write
+    real_sync, real_fsync, real_write, real_pwritev = os.fdatasync, os.fsync, os.write, os.pwritev
+    lock = __import__("threading").Lock()
+
+    def name(fd: int) -> str:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        return "log" if path.endswith(".log") else "seg" if path.endswith(".seg") else os.path.basename(path)
+
+    def note(what: str) -> None:
+        with lock:
+            calls.append(what)
 
     def fdatasync(fd: int) -> None:
-        calls.append("log-sync" if os.readlink(f"/proc/self/fd/{fd}").endswith(".log") else "seg-sync")
         real_sync(fd)
+        note(f"{name(fd)}-sync")
+
+    def fsync(fd: int) -> None:
+        real_fsync(fd)
+        note(f"{name(fd)}-sync")
 
     def write(fd: int, data: bytes) -> int:
-        if os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
-            calls.append("log-write")
+        if name(fd) == "log":
+            note("log-write")
         return real_write(fd, data)
 
+    def pwritev(fd: int, bufs: list, offset: int) -> int:
+        note("seg-write")
+        return real_pwritev(fd, bufs, offset)
+
     monkeypatch.setattr(os, "fdatasync", fdatasync)
+    monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(os, "pwritev", pwritev)
     pool = _pool(4)
-    with CacheController(_cfg(tmp_path / "r", fsync=True), pool) as ctl:
-        ctl.backup(_hashes(4, 100), range(4))  # creates the log (its header is fsynced too)
+    with CacheController(_cfg(tmp_path / "r", fsync=True, io_threads=io_threads), pool) as ctl:
+        calls.clear()
+        assert ctl.backup(_hashes(4, 100), range(4)).pages == 4  # creates the segment and the log
+        first = list(calls)
         calls.clear()
         assert ctl.backup(_hashes(4), range(4)).pages == 4
-    assert calls == ["seg-sync", "log-write", "log-sync"]
+        second = list(calls)
+    # the records follow the data; the backup returns after every sync (none is left running)
+    for seen, new_entries in ((first, {"segments-sync", "index-sync"}), (second, set())):
+        writes = [i for i, c in enumerate(seen) if c == "seg-write"]
+        last_log_write = max(i for i, c in enumerate(seen) if c == "log-write")
+        assert writes and seen.index("log-write") > max(writes)
+        assert sorted(seen[last_log_write + 1 :]) == sorted(["seg-sync", "log-sync", *new_entries]), seen
 
 
 def test_eviction_removes_a_gone_writers_segments_and_log(tmp_path: Path) -> None:
@@ -375,3 +407,117 @@ def test_eviction_removes_a_gone_writers_segments_and_log(tmp_path: Path) -> Non
         assert ctl.query(page_hashes(list(range(64)), 4)).pages == 0
     assert not gone_log.exists()
     assert len(_logs(root)) == 1
+
+
+def test_a_killed_writers_preallocated_tail_is_cut_at_the_next_open(tmp_path: Path) -> None:
+    """A writer killed with its segment open leaves the preallocated tail; the next store opened
+    on the root cuts it back to the last recorded page (and unlinks a segment no record names),
+    keeping every recorded page; a live writer's segment is never touched."""
+    import signal
+    import subprocess
+    import sys
+
+    root = tmp_path / "r"
+    child = (
+        "import os, signal, torch\n"
+        "from hicache_core import CacheController, MHAKVPool, StorageConfig, page_hashes\n"
+        "pool = MHAKVPool(8, 16, 4, 2, 64, torch.bfloat16)\n"
+        f"cfg = StorageConfig(backend='file', options={{'root': {str(root)!r}, 'layout': 'segments'}}, "
+        "model_name='seg')\n"
+        "ctl = CacheController(cfg, pool)\n"
+        "assert ctl.backup(page_hashes(list(range(32)), 4), range(8)).pages == 8\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child], timeout=120)
+    assert proc.returncode == -signal.SIGKILL
+    (seg,) = _segs(root)
+    written = 8 * 2 * 16 * 4 * 2 * 64 * 2  # 8 pages of 2 components, bf16
+    assert seg.stat().st_size > written  # the preallocated tail
+    orphan = seg.with_name(seg.name.replace("-000000.seg", "-000001.seg"))
+    orphan.write_bytes(b"x" * 8192)  # a segment its writer started but recorded nothing in
+    live_pool = _pool(2)
+    with CacheController(_cfg(root), live_pool) as live:  # a live writer: its tail stays
+        assert live.backup(_hashes(2, 500), range(2)).pages == 2
+        (live_seg,) = [s for s in _segs(root) if s != seg and s != orphan]
+        live_size = live_seg.stat().st_size
+        pool = _pool(8)
+        with CacheController(_cfg(root), pool) as ctl:
+            assert seg.stat().st_size == written
+            assert not orphan.exists()
+            assert live_seg.stat().st_size == live_size
+            assert ctl.prefetch(page_hashes(list(range(32)), 4), range(8)).pages == 8
+
+
+def test_index_log_rotation_keeps_every_page_and_frees_old_logs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A log past ``LOG_MAX`` is rotated (new writer id, log and segments); under ``max_bytes``
+    a rotated log goes with the last of its segments; every page stays readable, also from a
+    fresh store, and a log holding a CLEAR is kept (its record still hides older pages)."""
+    import hicache_file._segments as segments
+
+    monkeypatch.setattr(segments, "LOG_MAX", 2048)  # about two batches of four pages
+    root = tmp_path / "r"
+    pool = _pool(4)
+    batches = [_hashes(4, 100 * b) for b in range(40)]
+    writers: set[str] = set()
+    reader = CacheController(_cfg(root), _pool(4))  # another writer, tailing the rotated logs
+    with reader, CacheController(_cfg(root, max_bytes=512 << 10), pool) as ctl:
+        for b, hs in enumerate(batches):
+            if b == 2:
+                ctl.clear()
+                clear_log = root / "index" / f"{ctl.store.backend.segments.writer}.log"  # holds the CLEAR
+            fill(pool, b)
+            assert ctl.backup(hs, range(4)).pages == 4
+            zero(pool)
+            assert ctl.prefetch(hs, range(4)).pages == 4
+            fill(pool, b)
+            want = pages(pool, range(4))
+            zero(pool)
+            ctl.prefetch(hs, range(4))
+            assert pages(pool, range(4)) == want
+            writers |= {p.stem for p in _logs(root)}
+            assert reader.query(hs).pages == 4
+        assert ctl.query(batches[-1]).pages == 4
+        logs = _logs(root)
+        tailed = reader.store.backend.segments._logs  # logs it reads (an open fd each)
+        assert set(tailed) <= {p.name for p in logs}  # removed logs are closed and forgotten
+    assert len(writers) >= 10  # it rotated
+    assert 2 <= len(logs) <= 6  # the CLEAR's log, the current one, those of unevicted segments
+    assert clear_log in logs
+    fill(pool, len(batches) - 1)
+    want = pages(pool, range(4))
+    zero(pool)
+    with CacheController(_cfg(root, max_bytes=512 << 10), pool) as ctl:
+        assert ctl.prefetch(batches[-1], range(4)).pages == 4
+        assert ctl.query(batches[0]).pages == 0
+    assert pages(pool, range(4)) == want
+
+
+def test_a_clear_by_a_writer_that_exited_stays_after_its_log_is_reclaimed(tmp_path: Path) -> None:
+    """A clear is kept for good: once the clearing writer's process has exited and another
+    store reclaims the logs of gone writers, a freshly opened store still misses the pages the
+    clear removed (they stay in a live writer's segment), never sees them again."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "r"
+    pool = _pool(4)
+    fill(pool, 3)
+    with CacheController(_cfg(root), pool) as a:
+        assert a.backup(_hashes(4), range(4)).pages == 4
+        ns = a.store.page_keys(PoolName.KV, _hashes(1))[0][0].partition(".")[0]
+        child = (
+            "from hicache_core import StorageConfig, open_store\n"
+            f"cfg = StorageConfig(backend='file', options={{'root': {str(root)!r}, 'layout': 'segments'}}, "
+            "model_name='seg')\n"
+            "with open_store(cfg) as store:\n"
+            f"    store.backend.hicache_clear(namespace={ns!r})\n"
+        )
+        subprocess.run([sys.executable, "-c", child], check=True, timeout=120)
+        assert a.query(_hashes(4)).pages == 0
+        with CacheController(_cfg(root), _pool(4)) as c:
+            assert c.query(_hashes(4)).pages == 0
+            c.store.backend.segments._drop_dead_logs()  # what eviction runs under max_bytes
+        with CacheController(_cfg(root), _pool(4)) as d:
+            assert d.query(_hashes(4)).pages == 0

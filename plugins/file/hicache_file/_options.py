@@ -42,8 +42,9 @@ class FileOptions(BaseModel):
     enforced with LRU eviction (``layout="segments"``: whole segments, oldest first, their live
     pages dropped); ``None`` means unbounded. With ``"files"``, setting it makes open scan
     ``root`` once to rebuild the index (5-10 us per file).
-    ``fsync``: ``fsync`` each page and its directory before reporting it stored (durable across
-    power loss; without it, a crash of the process still never exposes a torn page, and a page
+    ``fsync``: ``fsync`` each page and its directory before reporting it stored (``"segments"``:
+    the batch's segment data, its index records and any new segment or log's directory entry,
+    synced in parallel) (durable across power loss; without it, a crash of the process still never exposes a torn page, and a page
     damaged by power loss is caught by its checksum and read as a miss).
     ``io_threads``: threads moving one batch in parallel, the caller's included (1 = inline in
     the caller's thread); the other threads are a pool kept until ``close``.
@@ -75,8 +76,8 @@ class FileOptions(BaseModel):
     in ``"files"``. See ``plugins/file/README.md`` ("Segment layout") for the format and the
     guarantees.
     ``direct_io`` (``"segments"`` only): use ``O_DIRECT`` for segment reads and writes when a
-    probe at open succeeds (it fails on tmpfs, for example: then buffered I/O, with one log
-    line naming the fallback); ``False``: always buffered (pages then stay in the page cache).
+    probe at open succeeds (it fails on tmpfs before Linux 6.6 and on some network filesystems:
+    then buffered I/O, with one log line naming the fallback); ``False``: always buffered (pages then stay in the page cache).
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)

@@ -25,6 +25,8 @@ import os
 import secrets
 import threading
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from . import _format as fmt
@@ -32,7 +34,17 @@ from ._dirs import O_CLOEXEC, O_NOFOLLOW
 from ._pool_io import MAX_IOV
 from ._seglog import ALIGN
 
-__all__ = ["CHUNK", "O_DIRECT", "Item", "probe_direct", "read_run", "write_run"]
+__all__ = [
+    "CHUNK",
+    "O_DIRECT",
+    "Item",
+    "Seg",
+    "close_seg",
+    "probe_direct",
+    "read_run",
+    "sync_parallel",
+    "write_run",
+]
 
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 CHUNK = 4 << 20
@@ -210,3 +222,50 @@ def _pread_all(fd: int, iov: list[Any], offset: int, total: int) -> int:
         done += n
         iov = _skip(iov, n)
     return done
+
+
+def sync_parallel(
+    fd: int, data_fds: Sequence[int], dir_fds: Sequence[int], ex: ThreadPoolExecutor | None
+) -> None:
+    """``fdatasync`` ``fd`` and ``data_fds`` and ``fsync`` ``dir_fds``, on ``ex``'s threads and
+    the caller's at once (the device merges cache flushes that overlap), or one after the other
+    without ``ex``. Returns once every one is done; raises the first ``OSError``.
+
+    The segment layout syncs a batch's data and its index records together: a record may reach
+    the disk before the bytes it names, and after a power loss it then names zeros (preallocated
+    blocks never written) or a torn range, which the record's checksums make a miss. Nothing is
+    reported stored before all of it is durable."""
+    calls = [*(partial(os.fdatasync, d) for d in data_fds), *(partial(os.fsync, d) for d in dir_fds)]
+    futures: list[Future[None]] = [ex.submit(c) for c in calls] if ex is not None else []
+    try:
+        os.fdatasync(fd)
+        if ex is None:
+            for c in calls:
+                c()
+    finally:
+        for f in futures:
+            f.result()
+
+
+class Seg:
+    """A segment this store appends to."""
+
+    __slots__ = ("alloc", "end", "fd", "inflight", "n", "name", "sealed")
+
+    def __init__(self, n: int, name: str, fd: int) -> None:
+        self.n, self.name, self.fd = n, name, fd
+        self.end = 0
+        self.alloc = 0  # bytes preallocated
+        self.inflight = 0
+        self.sealed = False
+
+
+def close_seg(seg: Seg) -> None:
+    """Close a sealed segment, cutting its unused preallocated tail."""
+    try:
+        if seg.alloc > seg.end:
+            os.ftruncate(seg.fd, seg.end)
+    except OSError:
+        pass
+    finally:
+        os.close(seg.fd)

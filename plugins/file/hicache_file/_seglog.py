@@ -25,6 +25,9 @@ A log is a 44-byte header then records, each checked on its own::
   multiple of :data:`ALIGN` (``O_DIRECT`` needs it); ``CLEAR`` (one entry, the key is the
   prefix) removes every key with that prefix stored before ``time_ns``.
 
+The header is checked but not relied on: a record verifies against the writer id of the log's
+*name*, so the records of a log with a damaged header are still read (one warning).
+
 Replay (:func:`replay`) applies each verified record. A record that fails its check is skipped
 by resynchronising on the next record magic whose record verifies, so a flipped bit costs one
 record (one page). Damage with no verified record after it is an unfinished tail (a writer

@@ -31,6 +31,7 @@ from ._seglog import (
     CLEAR,
     HEADER_SIZE,
     INDEX_DIR,
+    LOG_SUFFIX,
     SEG_DIR,
     SEG_SUFFIX,
     align,
@@ -56,7 +57,7 @@ Loc = tuple[str, int, int, int, int]
 class _Log:
     """Another writer's index log, as far as it was read."""
 
-    __slots__ = ("fd", "final", "last_seg", "name", "pos", "seed", "size", "writer")
+    __slots__ = ("clears", "fd", "final", "last_seg", "name", "pos", "seed", "size", "writer")
 
     def __init__(self, name: str, writer: str) -> None:
         self.name, self.writer = name, writer
@@ -66,6 +67,7 @@ class _Log:
         self.seed = seed(writer)
         self.final = False  # its writer is gone and it was read to the end
         self.last_seg = -1
+        self.clears = False  # it holds a CLEAR record: kept for good (see _drop_dead_logs)
 
 
 class SegIndex:
@@ -85,6 +87,9 @@ class SegIndex:
         self._retired: list[int] = []
         self._users = 0
         self._seen = [0, 0]  # mtime_ns of index/ and segments/ when last listed
+        self._ends: dict[str, int] = {}  # segment -> end of its last recorded page
+        self._rotated: set[str] = set()  # own logs of earlier writer ids (rotated), removable
+        self._kept: set[str] = set()  # own logs of earlier writer ids that hold a CLEAR record
 
     def _current(self) -> str | None:
         """The segment this store appends to (never forgotten, never evicted)."""
@@ -108,8 +113,14 @@ class SegIndex:
                     names = [e.name for e in it]
                 for name in names:
                     writer = parse_log_name(name)
-                    if writer is not None and writer != self.writer and name not in self._logs:
+                    own = name in self._rotated or name in self._kept
+                    if writer is not None and writer != self.writer and name not in self._logs and not own:
                         self._logs[name] = _Log(name, writer)
+                listed = set(names)
+                for name in [n for n in self._logs if n not in listed]:  # removed (names are never reused)
+                    lg = self._logs.pop(name)
+                    if lg.fd >= 0:
+                        os.close(lg.fd)
             for lg in list(self._logs.values()):
                 if not lg.final:
                     self._tail(lg)
@@ -155,14 +166,15 @@ class SegIndex:
             if size < HEADER_SIZE:
                 return
             if os.pread(lg.fd, HEADER_SIZE, 0) != header(lg.writer):
+                # Each record verifies on its own against the writer id of the log's *name*,
+                # so a damaged header costs nothing: the records after it are read as usual.
                 log.warning(
-                    "hicache.file: index log %s/%s/%s has a bad header; ignored",
+                    "hicache.file: index log %s/%s/%s has a damaged header; its records are still "
+                    "checked one by one",
                     self.root,
                     INDEX_DIR,
                     lg.name,
                 )
-                lg.final = True
-                return
             lg.pos = HEADER_SIZE
         data = os.pread(lg.fd, size - lg.pos, lg.pos)
         rep = replay(data, lg.seed)
@@ -177,6 +189,7 @@ class SegIndex:
             )
         for rec in rep.records:
             if rec.kind == CLEAR:
+                lg.clears = True
                 self._apply_clear(rec.entries[0][0], rec.time_ns)
             else:
                 lg.last_seg = max(lg.last_seg, rec.seg)
@@ -192,6 +205,8 @@ class SegIndex:
                 self._map[key] = (seg, offset, length, digest, time_ns)
                 keys.append(key)
             offset += align(length)
+        if offset > self._ends.get(seg, 0):
+            self._ends[seg] = offset
 
     def _apply_clear(self, prefix: str, time_ns: int) -> int:
         if self._clears.get(prefix, 0) < time_ns:
@@ -204,6 +219,7 @@ class SegIndex:
     def _drop_seg(self, seg: str) -> int:
         """Forget the pages of segment ``seg`` (gone); return how many were live."""
         n = 0
+        self._ends.pop(seg, None)
         for key in self._by_seg.pop(seg, ()):
             loc = self._map.get(key)
             if loc is not None and loc[0] == seg:
@@ -252,12 +268,13 @@ class SegIndex:
 
     def _drop_dead_logs(self) -> int:
         """Unlink the logs of writers that are gone and whose segments are all gone; return the
-        bytes freed."""
+        bytes freed. A log holding a CLEAR record stays: other writers' segments may still hold
+        pages older than the clear, and a store opened later must apply it to them."""
         freed = 0
         with self._lock:
             for name, lg in list(self._logs.items()):
                 prefix = lg.writer + "-"
-                if not lg.final or any(s.startswith(prefix) for s in self._by_seg):
+                if lg.clears or not lg.final or any(s.startswith(prefix) for s in self._by_seg):
                     continue
                 try:
                     os.unlink(name, dir_fd=self._idir)
@@ -265,12 +282,70 @@ class SegIndex:
                     continue
                 del self._logs[name]
                 freed += max(lg.size, 0)
+            for name in list(self._rotated):  # this store's own rotated logs, same rule
+                prefix = name[: -len(LOG_SUFFIX)] + "-"
+                if any(s.startswith(prefix) for s in self._by_seg):
+                    continue
+                try:
+                    size = os.stat(name, dir_fd=self._idir, follow_symlinks=False).st_size
+                    os.unlink(name, dir_fd=self._idir)
+                except OSError:
+                    continue
+                self._rotated.discard(name)
+                freed += size
         return freed
+
+    def trim_gone_writers(self) -> int:
+        """Cut what writers that are gone from this host left past their last recorded page:
+        the preallocated tail of their last segment, and segments no record names (unlinked).
+        Return the bytes freed. Each log is read to its end *after* its writer is known gone,
+        so nothing it recorded is cut."""
+        freed = 0
+        with self._lock:
+            with os.scandir(self._sdir) as it:
+                segs = [e.name for e in it if e.name.endswith(SEG_SUFFIX)]
+            gone: dict[str, bool] = {}
+            for seg in segs:
+                writer = seg[: -len(SEG_SUFFIX)].rpartition("-")[0]
+                if writer == self.writer or parse_log_name(writer + ".log") is None:
+                    continue
+                if writer not in gone:
+                    gone[writer] = _writer_gone(writer)
+                    name = writer + ".log"
+                    if gone[writer] and name not in self._logs:  # made after index/ was listed?
+                        self._logs[name] = _Log(name, writer)
+                    lg = self._logs.get(name)
+                    if gone[writer] and lg is not None and not lg.final:
+                        self._tail(lg)  # it appends no more: this read is complete (or no log)
+                if gone[writer]:
+                    freed += self._trim(seg, self._ends.get(seg, 0))
+        return freed
+
+    def _trim(self, seg: str, end: int) -> int:  # with self._lock held
+        try:
+            fd = os.open(seg, os.O_WRONLY | O_NOFOLLOW | O_CLOEXEC | os.O_NONBLOCK, dir_fd=self._sdir)
+        except OSError:
+            return 0
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size <= end:
+                return 0
+            if end == 0:
+                os.unlink(seg, dir_fd=self._sdir)
+                return int(st.st_size)
+            os.ftruncate(fd, end)
+            return int(st.st_size - end)
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
 
     def _sealed(self, seg: str) -> bool:
         """No writer appends to ``seg`` any more."""
         if seg.startswith(self.writer + "-"):
             return self._current() != seg
+        if seg.rpartition("-")[0] + LOG_SUFFIX in self._rotated | self._kept:
+            return True  # this store's own, from before a log rotation
         writer, _, n = seg[: -len(SEG_SUFFIX)].rpartition("-")
         lg = self._logs.get(writer + ".log")
         return lg is None or lg.final or _writer_gone(writer) or lg.last_seg > int(n)

@@ -13,7 +13,8 @@ Guarantees, as for the ``files`` layout:
 
 * **Atomic per page.** A page's bytes are written before its record; the record is what makes
   it visible, and a torn or damaged record is skipped on its own (the page is a miss). With
-  ``fsync`` the segment is ``fdatasync``\\ ed before the records are appended, and the log after.
+  ``fsync`` the segment and the log are ``fdatasync``\\ ed in parallel after the records are
+  appended (:meth:`SegmentStore._sync_both`); the batch is reported stored only after both.
 * **Checksummed.** Every read verifies each component's xxh3_64; a mismatch or a short segment
   is a miss, counted in ``integrity_errors`` and dropped from the map.
 * **Never leaves the root.** Segment and log files are opened by name relative to the fds of
@@ -46,9 +47,22 @@ from typing import TYPE_CHECKING, Any
 from ._dirs import O_CLOEXEC, O_NOFOLLOW, describe, open_dir
 from ._errors import FileRootError
 from ._publish import HOST
-from ._segio import CHUNK, CORRUPT, O_DIRECT, OK, probe_direct, read_run, write_run
+from ._segio import (
+    CHUNK,
+    CORRUPT,
+    O_DIRECT,
+    OK,
+    Seg,
+    close_seg,
+    probe_direct,
+    read_run,
+    sync_parallel,
+    write_run,
+)
 from ._seglog import (
+    HEADER_SIZE,
     INDEX_DIR,
+    LOG_SUFFIX,
     SEG_DIR,
     SEG_SUFFIX,
     align,
@@ -73,33 +87,14 @@ SEG_BYTES = 1 << 30
 ``max_bytes``: eviction frees whole segments)."""
 
 
+LOG_MAX = 64 << 20
+"""Past this size a writer's log is rotated: the store seals its segment and goes on as a new
+writer id; the old log is removed with the last of its segments (kept if it holds a CLEAR)."""
+
 PREALLOC = 128 << 20
 """Segments grow by preallocated steps (``posix_fallocate``); the unused tail is cut when the
-segment is sealed (a killed writer leaves it until its segment is evicted)."""
-
-
-class _Seg:
-    """A segment this store appends to."""
-
-    __slots__ = ("alloc", "end", "fd", "inflight", "n", "name", "sealed")
-
-    def __init__(self, n: int, name: str, fd: int) -> None:
-        self.n, self.name, self.fd = n, name, fd
-        self.end = 0
-        self.alloc = 0  # bytes preallocated
-        self.inflight = 0
-        self.sealed = False
-
-
-def _close_seg(seg: _Seg) -> None:
-    """Close a sealed segment, cutting its unused preallocated tail."""
-    try:
-        if seg.alloc > seg.end:
-            os.ftruncate(seg.fd, seg.end)
-    except OSError:
-        pass
-    finally:
-        os.close(seg.fd)
+segment is sealed; a killed writer's is cut by the next store opened on the root on this host
+(:meth:`~hicache_file._segmap.SegIndex.trim_gone_writers`)."""
 
 
 def _subdir(rfd: int, name: str, root: str, fsync: bool) -> int:
@@ -151,12 +146,17 @@ class SegmentStore(SegIndex):
         self._seed = seed(self.writer)
         self._log_fd = -1
         self._wlock = threading.Lock()  # own segment / log
-        self._cur: _Seg | None = None
+        self._cur: Seg | None = None
         self._next_n = 0
         self._approx = 0  # bytes under the root, as of the last listing plus own writes since
         self._evict_lock = threading.Lock()
         self._log_made = False
+        self._log_bytes = 0
+        self._log_clears = False  # the current log holds a CLEAR record
+        self._pending = 0  # batches between reserving their range and appending their records
+        self._dirty_dirs: set[int] = set()  # directories with a new entry not yet fsynced
         self.refresh()
+        self.trim_gone_writers()
         if self._max is not None:
             self._evict()
 
@@ -298,8 +298,7 @@ class SegmentStore(SegIndex):
             try:
                 os.write(fd, header(self.writer))
                 if self._fsync:
-                    os.fsync(fd)
-                    os.fsync(self._idir)
+                    self._dirty_dirs.add(self._idir)  # synced with the first records
             except BaseException:
                 os.close(fd)
                 with contextlib.suppress(OSError):
@@ -307,9 +306,10 @@ class SegmentStore(SegIndex):
                 raise
             self._log_fd = fd
             self._log_made = True
+            self._log_bytes = HEADER_SIZE
         return self._log_fd
 
-    def _reserve(self, nbytes: int) -> tuple[_Seg, int]:
+    def _reserve(self, nbytes: int) -> tuple[Seg, int]:
         with self._wlock:
             cur = self._cur
             if cur is not None and (cur.end >= self._seg_target or os.fstat(cur.fd).st_nlink == 0):
@@ -322,8 +322,8 @@ class SegmentStore(SegIndex):
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
                 fd = os.open(name, flags | (O_DIRECT if self.direct else 0), 0o644, dir_fd=self._sdir)
                 if self._fsync:
-                    os.fsync(self._sdir)
-                cur = self._cur = _Seg(n, name, fd)
+                    self._dirty_dirs.add(self._sdir)  # synced with the first records naming it
+                cur = self._cur = Seg(n, name, fd)
                 with self._lock:
                     self._by_seg.setdefault(name, [])
             off = cur.end
@@ -334,20 +334,34 @@ class SegmentStore(SegIndex):
                     os.posix_fallocate(cur.fd, cur.alloc, step)
                     cur.alloc += step
             cur.inflight += 1
+            self._pending += 1
             return cur, off
 
-    def _seal(self, seg: _Seg) -> None:  # with self._wlock held
+    def _rotate(self) -> None:  # with self._wlock held
+        if self._cur is not None:
+            self._seal(self._cur)
+        if self._log_fd >= 0:
+            os.close(self._log_fd)
+            self._log_fd = -1
+        with self._lock:
+            (self._kept if self._log_clears else self._rotated).add(self.writer + LOG_SUFFIX)
+            self.writer = f"{HOST or 'x'}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._seed = seed(self.writer)
+        self._next_n, self._log_made, self._log_bytes, self._log_clears = 0, False, 0, False
+
+    def _seal(self, seg: Seg) -> None:  # with self._wlock held
         seg.sealed = True
         if self._cur is seg:
             self._cur = None
         if not seg.inflight:
-            _close_seg(seg)
+            close_seg(seg)
 
-    def _done(self, seg: _Seg) -> None:
+    def _done(self, seg: Seg) -> None:
         with self._wlock:
             seg.inflight -= 1
+            self._pending -= 1
             if seg.sealed and not seg.inflight:
-                _close_seg(seg)
+                close_seg(seg)
 
     def set(
         self, keys: Sequence[str], iovs: list[list[Any]], sizes: list[int], groups: list[list[int]]
@@ -414,15 +428,16 @@ class SegmentStore(SegIndex):
                     o += sum(align(sizes[i]) for i in g)
             if recs:
                 try:
-                    if self._fsync:
-                        os.fdatasync(seg.fd)  # the bytes are durable before any record names them
                     with self._wlock:
                         lfd = self._open_log()
                         data = b"".join(recs)
                         if os.write(lfd, data) != len(data):
                             raise OSError(errno.ENOSPC, "short write to the index log")
                         if self._fsync:
-                            os.fdatasync(lfd)
+                            self._sync_both(seg.fd, lfd)
+                        self._log_bytes += len(data)
+                        if self._log_bytes > LOG_MAX and self._pending == 1:  # no other batch between
+                            self._rotate()  # its reservation and its records: none names this writer
                 except OSError as err:
                     first_err = first_err or err
                     counts["write_errors"] += sum(len(e) for _, e in done)
@@ -447,6 +462,13 @@ class SegmentStore(SegIndex):
                 self._evict()
         return ok, counts
 
+    def _sync_both(self, seg_fd: int, log_fd: int) -> None:
+        """Make a batch durable: the segment's data, the log's records, and the directory entries
+        of a segment or log created since the last sync (see :func:`sync_parallel`)."""
+        dirs = list(self._dirty_dirs)
+        sync_parallel(log_fd, [seg_fd], dirs, self._executor() if self._threads > 1 else None)
+        self._dirty_dirs.difference_update(dirs)
+
     def _write(
         self, fd: int, offset: int, chunk: list[list[int]], iovs: list[list[Any]], sizes: list[int]
     ) -> Any:
@@ -464,15 +486,8 @@ class SegmentStore(SegIndex):
         return ok, counts
 
     def _log_write_error(self, failed: int, n: int, err: OSError) -> None:
-        log.warning(
-            "hicache.file: %d of %d set operations failed under %s (those keys report False); first: "
-            "[Errno %s] %s",
-            failed,
-            n,
-            self.root,
-            err.errno,
-            err.strerror or err,
-        )
+        msg = "hicache.file: %d of %d set operations failed under %s (those keys report False); first: "
+        log.warning(msg + "[Errno %s] %s", failed, n, self.root, err.errno, err.strerror or err)
 
     # -------------------------------------------------------- clear / evict
     def clear(self, prefix: str) -> int:
@@ -482,10 +497,15 @@ class SegmentStore(SegIndex):
             with self._wlock:
                 lfd = self._open_log()
                 rec = clear_record(self._seed, t, prefix)
+                self._log_clears = True
                 if os.write(lfd, rec) != len(rec):
                     raise OSError(errno.ENOSPC, "short write to the index log")
+                self._log_bytes += len(rec)
                 if self._fsync:
                     os.fdatasync(lfd)
+                    if self._idir in self._dirty_dirs:  # the log was just created
+                        os.fsync(self._idir)
+                        self._dirty_dirs.discard(self._idir)
         except OSError as err:  # this store forgets them anyway; others keep them
             log.warning(
                 "hicache.file: clear could not be recorded for other processes under %s: %s", self.root, err
