@@ -1,8 +1,10 @@
 # hicache developer entry points. `make bench` and `make test` each set up .venv/ first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# vLLM has its own venv (integrations/vllm/setup-dev.sh): its torch/transformers pins stay out of .venv.
+VLLM_VENV := .venv-vllm
 
-.PHONY: setup bench test lint typecheck unit
+.PHONY: setup bench test lint typecheck unit vllm
 
 setup:
 	bash scripts/setup.sh
@@ -16,9 +18,21 @@ lint:
 
 typecheck:
 	$(VENV)/bin/mypy hicache_core
-	$(VENV)/bin/mypy plugins/file/hicache_file plugins/mooncake/hicache_mooncake plugins/hf3fs_stub/hicache_hf3fs_stub integrations/sglang/hicache_sglang
+	$(VENV)/bin/mypy plugins/file/hicache_file plugins/mooncake/hicache_mooncake plugins/hf3fs_stub/hicache_hf3fs_stub plugins/nixl/hicache_nixl integrations/sglang/hicache_sglang integrations/vllm/hicache_vllm
 
 unit:
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore=tests/vllm
 
-test: setup lint typecheck unit
+vllm:
+	bash integrations/vllm/setup-dev.sh
+	$(VLLM_VENV)/bin/python -m pytest tests/vllm -q
+
+# vLLM's venv and tests (`make vllm`) run in the background while lint, typecheck and the main
+# suite run; their output follows, and either failing fails `make test`.
+test: setup
+	@mkdir -p build
+	@$(MAKE) --no-print-directory vllm >build/vllm-tests.log 2>&1 & vllm=$$!; \
+	$(MAKE) --no-print-directory lint typecheck unit; rc=$$?; \
+	wait $$vllm; vrc=$$?; \
+	echo "--- make vllm (exit $$vrc) ---"; cat build/vllm-tests.log; \
+	test $$rc = 0 && test $$vrc = 0

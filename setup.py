@@ -29,6 +29,13 @@ def _require_native() -> bool:
     return os.environ.get("HICACHE_REQUIRE_NATIVE", "") not in ("", "0")
 
 
+def _skip_native() -> bool:
+    """``HICACHE_SKIP_NATIVE=1``: declare no extension. For a second editable venv on a source
+    tree whose extension the first one built: its in-place build would rewrite the ``.so`` that
+    running processes have mapped (``integrations/vllm/setup-dev.sh`` sets it)."""
+    return os.environ.get("HICACHE_SKIP_NATIVE", "") not in ("", "0")
+
+
 def _warn(what: str, exc: BaseException) -> None:
     msg = (
         f"hicache: {what} failed ({type(exc).__name__}: {exc}); using the pure-Python page "
@@ -65,7 +72,9 @@ class OptionalBuildExt(build_ext):
 _LIMITED_API = [("Py_LIMITED_API", "0x030B0000")] if sys.version_info >= (3, 11) else []
 
 setup(
-    ext_modules=[
+    ext_modules=[]
+    if _skip_native()
+    else [
         Extension(
             "hicache_core.native._pagehash",
             ["hicache_core/native/_pagehash.c"],

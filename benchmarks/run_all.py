@@ -13,17 +13,30 @@ name                                      module             ratio (target)
 ``file_vs_raw_io``                        bench_file         throughput ratio (>= 0.9)
 ``exists_vs_raw``                         bench_file         time ratio (<= 1.2)
 ``mooncake_vs_raw_client``                bench_mooncake     throughput ratio (>= 0.95)
+``nixl_vs_raw``                           bench_nixl         throughput ratio (>= 0.9)
 ``cold_start_vs_python``                  bench_cold_start   time ratio (within 0.3 s)
 ``scaling_default_vs_best``               bench_scaling      throughput ratio (>= 0.8)
 ``metrics_overhead``                      bench_metrics      time ratio (<= 1.03)
+``file_cold_prefetch_vs_raw_limit``       bench_file         GB/s ratio (>= 0.9)
+``file_durable_backup_vs_raw_limit``      bench_file         GB/s ratio (>= 0.8)
+``file_vs_best_peer_cold``                bench_peers        GB/s ratio (>= 1.2)
+``file_vs_best_peer_durable``             bench_peers        GB/s ratio (>= 1.5)
+``file_vs_best_peer_warm``                bench_peers        GB/s ratio (>= 1.0)
+``vllm_ttft_hicache_vs_recompute``        bench_vllm         TTFT ratio (<= 0.5)
+``vllm_load_vs_controller``               bench_vllm         GB/s ratio (>= 0.9)
+``vllm_save_vs_controller``               bench_vllm         GB/s ratio (>= 0.9)
 ========================================  =================  ==========================
+
+``bench_vllm`` runs only where ``.venv-vllm/`` exists (``integrations/vllm/setup-dev.sh``).
+``bench_peers`` runs only with ``--peers`` (or when named in ``--only``): it needs the peer venvs
+of ``benchmarks/setup-peers.sh`` and takes minutes even in ``--quick``.
 
 A module that is missing or raises is recorded as ``{"error": ..., "ratio": null,
 "meets_target": false}`` under each of its names, and the exit status is then 1. A name reported
 by a module other than its owner (e.g. a second ``exists_vs_raw``) is kept as ``name@module``.
 Missed targets do not change the exit status unless ``--strict`` is given.
 
-Run: ``python benchmarks/run_all.py [--quick] [--json] [--only hashing,dispatch,...] [--strict]``.
+Run: ``python benchmarks/run_all.py [--quick] [--json] [--only hashing,dispatch,...] [--peers] [--strict]``.
 """
 
 from __future__ import annotations
@@ -45,22 +58,43 @@ HERE = Path(__file__).resolve().parent
 EXPECTED: dict[str, tuple[str, ...]] = {
     "bench_hashing": ("page_hashes_vs_hashlib", "page_hashes_vs_per_token_loop"),
     "bench_dispatch": ("dispatch_overhead",),
-    "bench_file": ("file_vs_raw_io", "exists_vs_raw"),
+    "bench_file": (
+        "file_vs_raw_io",
+        "exists_vs_raw",
+        "file_cold_prefetch_vs_raw_limit",
+        "file_durable_backup_vs_raw_limit",
+    ),
     "bench_mooncake": ("mooncake_vs_raw_client",),
+    "bench_nixl": ("nixl_vs_raw",),
     "bench_cold_start": ("cold_start_vs_python",),
     "bench_scaling": ("scaling_default_vs_best",),
     "bench_metrics": ("metrics_overhead",),
+    "bench_peers": ("file_vs_best_peer_cold", "file_vs_best_peer_durable", "file_vs_best_peer_warm"),
+    "bench_vllm": ("vllm_ttft_hicache_vs_recompute", "vllm_load_vs_controller", "vllm_save_vs_controller"),
 }
+OPT_IN = {"bench_peers"}  # run only with --peers or when named in --only
 TARGETS: dict[str, float] = {
     "page_hashes_vs_hashlib": 0.6,
     "page_hashes_vs_per_token_loop": 20.0,
     "dispatch_overhead": 1.02,
     "file_vs_raw_io": 0.9,
     "exists_vs_raw": 1.2,
+    "file_cold_prefetch_vs_raw_limit": 0.9,
+    "file_durable_backup_vs_raw_limit": 0.8,
     "mooncake_vs_raw_client": 0.95,
+    "nixl_vs_raw": 0.9,
     "scaling_default_vs_best": 0.8,
     "metrics_overhead": 1.03,
+    "file_vs_best_peer_cold": 1.2,
+    "file_vs_best_peer_durable": 1.5,
+    "file_vs_best_peer_warm": 1.0,
+    "vllm_ttft_hicache_vs_recompute": 0.5,
+    "vllm_load_vs_controller": 0.9,
+    "vllm_save_vs_controller": 0.9,
 }
+# bench_vllm runs only where integrations/vllm/setup-dev.sh created .venv-vllm/ (vLLM's own venv).
+NEEDS_VLLM_VENV = {"bench_vllm"}
+VLLM_PYTHON = HERE.parent / ".venv-vllm" / "bin" / "python"
 # The two benchmarks that create (and at the end delete) thousands of files run back to back,
 # followed by ones that create none: on an ext4 without a journal, file creation stays several
 # times slower for up to ~80 s after a mass deletion (see README.md), so bench_scaling's cleanup
@@ -115,11 +149,15 @@ def run_module(path: Path, quick: bool) -> tuple[dict[str, Any], float]:
 
 
 def run_all(
-    quick: bool, only: Sequence[str] | None = None, directory: Path = HERE
+    quick: bool, only: Sequence[str] | None = None, directory: Path = HERE, peers: bool = False
 ) -> tuple[dict[str, Any], bool]:
     """Run the modules; return (merged results, whether any module was missing or failed)."""
     present = {p.stem: p for p in sorted(directory.glob("bench_*.py"))}
     stems = [s for s in ORDER if s in EXPECTED] + sorted(set(present) - set(ORDER))
+    if not peers:
+        stems = [s for s in stems if s not in OPT_IN]
+    if not VLLM_PYTHON.exists():
+        stems = [s for s in stems if s not in NEEDS_VLLM_VENV]
     if only:
         wanted = {s if s.startswith("bench_") else f"bench_{s}" for s in only}
         stems = [s for s in stems if s in wanted] + sorted(wanted - set(stems))
@@ -180,10 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--only", help="comma-separated modules, e.g. hashing,dispatch (default: all)")
     parser.add_argument("--dir", type=Path, default=HERE, help=argparse.SUPPRESS)
+    parser.add_argument("--peers", action="store_true", help="also bench_peers (needs setup-peers.sh)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()] if args.only else None
-    merged, failed = run_all(args.quick, only, args.dir)
+    merged, failed = run_all(args.quick, only, args.dir, args.peers)
     print(json.dumps(merged, indent=2) if args.json else table(merged))
     missed = any(not e.get("meets_target") for e in merged.values())
     return 1 if failed or (args.strict and missed) else 0

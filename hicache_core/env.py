@@ -100,6 +100,12 @@ SWITCHES: Final[tuple[EnvVar, ...]] = (
     _switch("PURE_PYTHON_HASH", "bool", "0", "use the pure-Python page hashing, not the C extension"),
     _switch("PURE_PYTHON_BATCH", "bool", "0", "retired, accepted and ignored: the core has no batch C code"),
     _switch("REQUIRE_NATIVE", "bool", "0", "build: fail when a C extension cannot be compiled"),
+    _switch(
+        "SKIP_NATIVE",
+        "bool",
+        "0",
+        "build: compile no C extension (a second editable venv on a tree whose extension is built)",
+    ),
     _switch("METRICS_PORT", "int", "", "metrics extension: serve Prometheus metrics on this port"),
     _switch("METRICS_ADDR", "str", "127.0.0.1", "metrics extension: address of that exporter"),
     _switch("BENCH_SMOKE", "bool", "0", "benchmarks: a few iterations only (the smoke test)"),

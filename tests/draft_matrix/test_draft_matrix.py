@@ -7,7 +7,9 @@ declared capability:
 * file     -> ``generic``: draft pages go through v1 under their own keys;
 * mooncake -> ``zero_copy_v2``: draft goes through v2; split heads disables it with ONE warning
   naming ``should_split_heads``;
-* hf3fs    -> ``unsupported``: ONE warning naming the backend and its reason; target KV still works.
+* hf3fs    -> ``unsupported``: ONE warning naming the backend and its reason; target KV still works;
+* nixl     -> ``zero_copy_v2`` (POSIX plugin): draft goes through v2; split heads turns it to
+  ``generic`` (draft pages copied over v1 under their own keys), with no warning.
 
 Every case is backed up here and prefetched by ONE fresh interpreter (``run_verifier``); draft
 bytes must equal what was written wherever draft is enabled. The writers stay open until the
@@ -48,7 +50,7 @@ from hicache_core import (
     hookimpl,
 )
 
-BACKENDS = ("file", "mooncake", "hf3fs")
+BACKENDS = ("file", "mooncake", "hf3fs", "nixl")
 CASES = [(b, v, s) for b in BACKENDS for v, s in VARIANTS]
 
 
@@ -58,7 +60,12 @@ def case_id(backend: str, variant: str, split: bool) -> str:
 
 def expected_path(backend: str, split: bool) -> str | None:
     """The draft path the declared capability must produce (None = disabled)."""
-    return {"file": "v1", "mooncake": None if split else "v2", "hf3fs": None}[backend]
+    return {
+        "file": "v1",
+        "mooncake": None if split else "v2",
+        "hf3fs": None,
+        "nixl": "v1" if split else "v2",
+    }[backend]
 
 
 class _Records(logging.Handler):

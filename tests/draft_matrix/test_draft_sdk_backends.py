@@ -1,4 +1,4 @@
-"""Draft resolution for eic / nixl / simm, which cannot be opened without their vendor SDKs.
+"""Draft resolution for eic / simm, which cannot be opened without their vendor SDKs.
 
 What is exercised, honestly:
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from draft_util import VARIANTS, make_config, make_group
-from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
+from hicache_hf3fs_stub.vendor import EicBackend, SimmBackend, VendorSdkBackend
 
 from hicache_core import (
     BackendUnavailableError,
@@ -33,11 +33,11 @@ from hicache_core import (
 )
 from tests.support.distinfo import installed_dist
 
-CLASSES: dict[str, type[VendorSdkBackend]] = {"eic": EicBackend, "nixl": NixlBackend, "simm": SimmBackend}
+CLASSES: dict[str, type[VendorSdkBackend]] = {"eic": EicBackend, "simm": SimmBackend}
 
 SDKFREE = '''
 from hicache_core import hookimpl
-from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend
+from hicache_hf3fs_stub.vendor import EicBackend, SimmBackend
 
 
 class _Attachable:
@@ -56,10 +56,6 @@ class _Attachable:
 
 
 class SdkFreeEic(_Attachable, EicBackend):
-    pass
-
-
-class SdkFreeNixl(_Attachable, NixlBackend):
     pass
 
 

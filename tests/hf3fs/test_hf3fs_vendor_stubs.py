@@ -1,4 +1,7 @@
-"""eic / nixl / simm: declared and listed, never opened without their vendor SDK; the CLI view."""
+"""eic / simm: declared and listed, never opened without their vendor SDK; the CLI view.
+
+``nixl`` left this distribution for its own (``hicache-nixl``); the listing must name it once, there.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from pathlib import Path
 
 import pytest
 from hf3fs_util import REPO, _cli_env, cli_backends_result
-from hicache_hf3fs_stub.vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
+from hicache_hf3fs_stub import vendor
+from hicache_hf3fs_stub.vendor import EicBackend, SimmBackend, VendorSdkBackend
 
 from hicache_core import (
     BackendUnavailableError,
@@ -22,8 +26,8 @@ from hicache_core import (
 )
 from hicache_core.plugin.registry import load_backend_class
 
-VENDORS = {"eic": EicBackend, "nixl": NixlBackend, "simm": SimmBackend}
-SDK_WORDS = {"eic": "EIC", "nixl": "nixl", "simm": "SiMM"}
+VENDORS = {"eic": EicBackend, "simm": SimmBackend}
+SDK_WORDS = {"eic": "EIC", "simm": "SiMM"}
 HICACHE = Path(sys.executable).with_name("hicache")
 
 
@@ -52,16 +56,16 @@ def test_opening_raises_unavailable_naming_the_sdk_and_install(name: str) -> Non
         VendorSdkBackend.hicache_batch_io_v1.__get__(object.__new__(cls))(op="get", keys=["k"], buffers=[])
 
 
-def test_the_three_classes_share_one_implementation() -> None:
+def test_the_classes_share_one_implementation() -> None:
     for cls in VENDORS.values():
         own = {k for k, v in vars(cls).items() if callable(v) or isinstance(v, classmethod)}
         assert not own, f"{cls.__name__} re-implements {own}; keep the behaviour in VendorSdkBackend"
 
 
 def test_sdk_present_but_no_transport_is_still_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(NixlBackend, "sdk_module", "json")  # any importable module
-    reason = NixlBackend.availability()
-    assert "is installed" in reason and "install a full nixl hicache plugin" in reason
+    monkeypatch.setattr(SimmBackend, "sdk_module", "json")  # any importable module
+    reason = SimmBackend.availability()
+    assert "is installed" in reason and "install a full simm hicache plugin" in reason
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -86,10 +90,15 @@ def test_cli_backends_json_lists_hf3fs_and_the_sdk_backends() -> None:
         assert row["status"].startswith("unavailable: needs the vendor SDK (")
         assert row["draft_io"] == "unsupported"
         assert row["capabilities"] == cls.capabilities.as_dict()
+    # nixl moved to its own distribution: listed once, from there (when it is installed)
+    assert not hasattr(vendor, "NixlBackend")
+    if "nixl" in rows:
+        assert rows["nixl"]["distribution"] == "hicache-nixl"
+    assert sum(r["name"] == "nixl" for r in json.loads(out)) <= 1
 
 
-def test_cli_check_nixl_fails_with_the_sdk_message_and_no_traceback() -> None:
-    proc = _cli("check", "nixl")
+def test_cli_check_simm_fails_with_the_sdk_message_and_no_traceback() -> None:
+    proc = _cli("check", "simm")
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr + proc.stdout
     if "not implemented" in proc.stderr + proc.stdout:

@@ -1,5 +1,6 @@
 """hicache-hf3fs-stub: the ``hf3fs`` backend (3FS-usrbio-style slot files, working) and the
-SDK-gated ``eic``, ``nixl`` and ``simm`` declarations.
+SDK-gated ``eic`` and ``simm`` declarations (``nixl`` is its own distribution,
+``hicache-nixl``).
 
 Entry points (group ``hicache.backends``) name the classes in their modules directly, so
 listing backends imports only what it describes. The names below are re-exported lazily.
@@ -12,15 +13,14 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from .hf3fs import Hf3fsBackend
-    from .vendor import EicBackend, NixlBackend, SimmBackend, VendorSdkBackend
+    from .vendor import EicBackend, SimmBackend, VendorSdkBackend
 
 __version__ = "0.1.0"
-__all__ = ["EicBackend", "Hf3fsBackend", "NixlBackend", "SimmBackend", "VendorSdkBackend", "__version__"]
+__all__ = ["EicBackend", "Hf3fsBackend", "SimmBackend", "VendorSdkBackend", "__version__"]
 
 _LAZY = {
     "Hf3fsBackend": "hf3fs",
     "EicBackend": "vendor",
-    "NixlBackend": "vendor",
     "SimmBackend": "vendor",
     "VendorSdkBackend": "vendor",
 }

@@ -1,4 +1,4 @@
-"""``eic``, ``nixl``, ``simm``: declared backends whose transports need a vendor SDK.
+"""``eic``, ``simm``: declared backends whose transports need a vendor SDK.
 
 Each class states what the real integration can do (its :class:`~hicache_core.Capabilities`,
 as SGLang's backend of the same name does it) so ``hicache backends`` can list it, and
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hicache_core import HostPool
 
-__all__ = ["EicBackend", "NixlBackend", "SimmBackend", "VendorSdkBackend"]
+__all__ = ["EicBackend", "SimmBackend", "VendorSdkBackend"]
 
 _DIST = "hicache-hf3fs-stub"
 
@@ -133,24 +133,6 @@ class EicBackend(VendorSdkBackend):
     capabilities = Capabilities(
         v1=True,
         pools=frozenset({PoolName.KV}),
-        persistent=True,
-        shared=True,
-        draft_io=DraftIoMode.UNSUPPORTED,
-    )
-
-
-class NixlBackend(VendorSdkBackend):
-    """NVIDIA NIXL: one transfer API over POSIX/GDS/3FS/object-store plugins, zero-copy for page_first."""
-
-    backend_name = "nixl"
-    sdk = "NVIDIA Inference Xfer Library, Python module `nixl`"
-    sdk_module = "nixl"
-    install = "`pip install nixl` (https://github.com/ai-dynamo/nixl)"
-    capabilities = Capabilities(
-        v1=True,
-        v2=True,
-        zero_copy=True,
-        pools=frozenset({PoolName.KV, PoolName.MAMBA}),
         persistent=True,
         shared=True,
         draft_io=DraftIoMode.UNSUPPORTED,

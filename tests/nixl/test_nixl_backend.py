@@ -1,0 +1,271 @@
+"""The nixl backend beyond the conformance suite: options, install and credential errors, the
+zero-copy and O_DIRECT paths, engine choice, path safety, temp clean-up, per-page failures."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import xxhash
+from hicache_nixl import NixlBackend, _agent, _backend
+from nixl_util import S3Server, controller, fill, hex_hash, kv_pool, matches
+
+import hicache_core as hc
+from hicache_core import BackendIOError, BackendUnavailableError, IoOp, OptionsError, PoolName, StorageConfig
+
+
+def _roundtrip(options: dict[str, Any], pages: int = 6, layout: str = "page_first", **pool_kw: Any) -> None:
+    hashes = [hex_hash(f"rt-{layout}", i) for i in range(pages)]
+    pool = kv_pool(pages, layout=layout, **pool_kw)
+    with controller(options, pool, layout=layout) as ctl:
+        fill(pool, list(range(pages)), hashes)
+        assert ctl.backup(hashes, range(pages)).pages == pages
+        for b in pool.buffers():
+            b.zero_()
+        assert ctl.prefetch(hashes, range(pages)).pages == pages
+        assert all(matches(pool, i, h) for i, h in enumerate(hashes))
+
+
+# --------------------------------------------------------------------------- options
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        ({"roots": "/x"}, "roots"),
+        ({"plugin": "obj"}, "bucket"),
+        ({"plugin": "s3"}, "plugin"),
+        ({"engine": "posix_aio"}, "engine"),
+        ({"plugin": "obj", "bucket": "b", "endpoint": "http://127.0.0.1:1"}, "bucket"),
+        ({"plugin": "obj", "bucket": "bkt", "endpoint": "http://user:pw@127.0.0.1:1"}, "endpoint"),
+        ({"plugin": "obj", "bucket": "bkt", "endpoint": "ftp://127.0.0.1"}, "endpoint"),
+        ({"prefix": "../up"}, "prefix"),
+        ({"timeout_s": 0}, "timeout_s"),
+    ],
+)
+def test_bad_options_name_the_field(options: dict[str, Any], field: str) -> None:
+    with pytest.raises(OptionsError) as err:
+        hc.open_store(StorageConfig(backend="nixl", options=options))
+    assert field in str(err.value) and "nixl" in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_engine_not_offered_by_this_nixl(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(_agent.Agent, "plugin_params", lambda self, plugin: {"use_aio": "false"})
+    with pytest.raises(OptionsError, match=r"engine='uring'.*offers: aio"):
+        hc.open_store(StorageConfig(backend="nixl", options={"root": str(tmp_path), "engine": "uring"}))
+
+
+# ------------------------------------------------------------------ install, credentials
+def test_missing_nixl_is_unavailable_with_the_install_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_agent, "MODULES", ("hicache_no_such_nixl",))
+    reason = NixlBackend.availability()
+    assert reason is not None and "`pip install hicache-nixl`" in reason
+    with pytest.raises(BackendUnavailableError) as err:
+        hc.open_store(StorageConfig(backend="nixl"))
+    assert "pip install hicache-nixl" in str(err.value) and isinstance(err.value, ImportError)
+    with pytest.raises(BackendUnavailableError, match="pip install hicache-nixl"):
+        _agent.load_api()
+
+
+def test_obj_without_credentials_says_which_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    opts = {"plugin": "obj", "bucket": "hicache-x", "endpoint": "http://127.0.0.1:9"}
+    with pytest.raises(BackendUnavailableError, match="AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        hc.open_store(StorageConfig(backend="nixl", options=opts))
+
+
+def test_credentials_never_logged_shown_or_in_errors(
+    s3_server: S3Server,
+    s3_bucket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    secret = "hicache-SeCrEt-6d1f0c"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    caplog.set_level(logging.DEBUG)
+    pool = kv_pool(4)
+    hashes = [hex_hash("cred", i) for i in range(4)]
+    with controller(s3_server.options(s3_bucket), pool) as ctl:
+        fill(pool, [0, 1], hashes[:2])
+        assert ctl.backup(hashes[:2], [0, 1]).pages == 2
+        assert ctl.prefetch(hashes, range(4)).pages == 2  # two misses: logged failures
+        shown = [repr(ctl.store.backend), repr(ctl.store.backend.options), str(ctl.config.model_dump())]
+    out, err = capfd.readouterr()
+    for text in [*shown, caplog.text, out, err]:
+        assert secret not in text
+
+
+# -------------------------------------------------------------------- zero-copy paths
+@pytest.mark.parametrize("layout", ["page_first", "layer_first"])
+def test_posix_moves_registered_pool_memory_without_a_copy(
+    layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_bounce(nbytes: int, align: int = 4096) -> Any:
+        if nbytes >= 4096 * 2:  # headers are 4 KiB each; a page buffer would be another size
+            pytest.fail(f"a bounce buffer of {nbytes} bytes was allocated for registered pool memory")
+        return real(nbytes, align)
+
+    real = _backend.aligned_empty
+    monkeypatch.setattr(_backend, "aligned_empty", no_bounce)
+    _roundtrip({"root": str(tmp_path)}, layout=layout)
+
+
+def _aligned_pool(pages: int) -> Any:
+    pool = kv_pool(pages, allocate=False)
+    raw = torch.zeros(pool.nbytes + 4096, dtype=torch.uint8)
+    off = (-raw.data_ptr()) % 4096
+    pool.bind(raw[off : off + pool.nbytes])
+    return pool, raw
+
+
+def test_o_direct_is_used_for_aligned_pages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    flags: list[int] = []
+    real_open = os.open
+
+    def spy(path: Any, flag: int, *args: Any, **kw: Any) -> int:
+        flags.append(flag)
+        return real_open(path, flag, *args, **kw)
+
+    pool, _keep = _aligned_pool(4)
+    hashes = [hex_hash("direct", i) for i in range(4)]
+    with controller({"root": str(tmp_path), "o_direct": True}, pool) as ctl:
+        monkeypatch.setattr(os, "open", spy)
+        fill(pool, list(range(4)), hashes)
+        assert ctl.backup(hashes, range(4)).pages == 4
+        pool.buffers()[0].zero_()
+        assert ctl.prefetch(hashes, range(4)).pages == 4
+        monkeypatch.undo()
+        assert all(matches(pool, i, h) for i, h in enumerate(hashes))
+    assert sum(1 for f in flags if f & os.O_DIRECT) >= 16  # 8 component files written, 8 read
+
+
+def test_uring_refused_falls_back_to_aio_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = _agent.Agent.create
+
+    def refuse_uring(self: Any, plugin: str, params: dict[str, str]) -> None:
+        if params.get("use_uring") == "true":
+            raise BackendIOError("NIXL could not create its POSIX plugin (io_uring_setup: EPERM)")
+        real(self, plugin, params)
+
+    monkeypatch.setattr(_agent.Agent, "create", refuse_uring)
+    caplog.set_level(logging.WARNING, logger="hicache.nixl")
+    _roundtrip({"root": str(tmp_path), "engine": "uring"})
+    assert "falling back to engine='aio'" in caplog.text
+
+
+def test_uring_and_aio_store_the_same_files(tmp_path: Path) -> None:
+    _roundtrip({"root": str(tmp_path), "engine": "uring"})
+    # a store on the other engine reads what io_uring wrote
+    pool = kv_pool(6)
+    hashes = [hex_hash("rt-page_first", i) for i in range(6)]
+    with controller({"root": str(tmp_path), "engine": "aio"}, pool) as ctl:
+        assert ctl.prefetch(hashes, range(6)).pages == 6
+        assert all(matches(pool, i, h) for i, h in enumerate(hashes))
+
+
+# ---------------------------------------------------------------------- path safety
+def _shard(key: str) -> str:
+    return f"{xxhash.xxh3_64_intdigest(key.encode()) & 0xFF:02x}"
+
+
+def test_a_symlinked_shard_is_never_followed(tmp_path: Path) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    pool = kv_pool(4)
+    hashes = [hex_hash("link", i) for i in range(4)]
+    with controller({"root": str(root)}, pool) as ctl:
+        keys = ctl.store.page_keys(PoolName.KV, hashes)
+        (root / _shard(keys[0][0])).rmdir()  # made empty at open: swap it for a symlink
+        (root / _shard(keys[0][0])).symlink_to(outside, target_is_directory=True)
+        fill(pool, list(range(4)), hashes)
+        flags = ctl.store.batch_io_v1(
+            IoOp.SET,
+            [k for page in keys for k in page],
+            [v for p in pool.page_views(range(4)) for v in p],
+            PoolName.KV,
+        )
+        assert flags[0] is False and all(flags[2:])  # that page fails alone (page 0's k)
+        assert list(outside.iterdir()) == []
+    assert (root / _shard(keys[0][0])).is_symlink()
+
+
+def test_temp_files_of_dead_writers_are_removed_at_open(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "~tmp").mkdir(parents=True)
+    host = xxhash.xxh3_64_hexdigest(socket.gethostname().encode())[:8]
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (root / "~tmp" / f"{host}-{dead.pid}-1-1").write_bytes(b"partial")
+    (root / "~tmp" / f"{host}-{os.getpid()}-1-1").write_bytes(b"live writer")
+    hc.open_store(StorageConfig(backend="nixl", options={"root": str(root)})).close()
+    assert sorted(p.name for p in (root / "~tmp").iterdir()) == [f"{host}-{os.getpid()}-1-1"]
+
+
+# -------------------------------------------------------------------- per-page failure
+def test_a_failed_transfer_is_reported_per_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = _agent.Agent.transfer
+    bad: set[int] = set()
+
+    def flaky(self: Any, op: str, local: Any, remote: Any, mem: str, keep: Any = None) -> bool:
+        fds = {r[2] for r in remote}
+        if len(fds) > 1 or fds & bad:  # the batch fails, then the page whose file is `bad`
+            return False
+        return real(self, op, local, remote, mem, keep)
+
+    pool = kv_pool(4)
+    hashes = [hex_hash("flaky", i) for i in range(4)]
+    with controller({"root": str(tmp_path)}, pool) as ctl:
+        fill(pool, list(range(4)), hashes)
+        keys = [k for page in ctl.store.page_keys(PoolName.KV, hashes) for k in page]
+        views = [v for p in pool.page_views(range(4)) for v in p]
+        real_open = os.open
+
+        def mark_third(path: Any, flag: int, *a: Any, **kw: Any) -> int:
+            fd = real_open(path, flag, *a, **kw)
+            if flag & os.O_CREAT or flag & os.O_TMPFILE == os.O_TMPFILE:  # each component's new file
+                if len(opened) == 2:
+                    bad.add(fd)
+                opened.append(fd)
+            return fd
+
+        opened: list[int] = []
+        monkeypatch.setattr(_agent.Agent, "transfer", flaky)
+        monkeypatch.setattr(os, "open", mark_third)
+        flags = ctl.store.batch_io_v1(IoOp.SET, keys, views, PoolName.KV)
+        monkeypatch.undo()
+        assert flags == [True, True, False, True, True, True, True, True]
+        assert ctl.store.batch_io_v1(IoOp.EXISTS, keys, None, PoolName.KV) == flags
+
+
+# ------------------------------------------------------------------------- listeners
+def _socket_inodes() -> set[str]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:"):
+            out.add(link)
+    return out
+
+
+def test_a_posix_store_opens_no_socket(tmp_path: Path) -> None:
+    """The NIXL agent runs without its listener thread: nothing listens, nothing connects."""
+    before = _socket_inodes()
+    pool = kv_pool(2)
+    hashes = [hex_hash("sock", i) for i in range(2)]
+    with controller({"root": str(tmp_path)}, pool) as ctl:
+        fill(pool, [0, 1], hashes)
+        assert ctl.backup(hashes, [0, 1]).pages == 2
+        assert _socket_inodes() == before
