@@ -25,9 +25,11 @@ def runs(
     baseline: Future[dict[str, Any]],
     engines: ThreadPoolExecutor,
 ) -> dict[str, Any]:
-    """A then B on one store; B2 then B3 on a damaged copy; model 1 on the store; the baseline.
+    """A then B on one store; B2 then B3 on a damaged copy; B2 with asynchronous loads on a second
+    damaged copy; model 1 on the store; the baseline.
 
-    Independent engines run side by side: A with the baseline, then B, B2 and model 1."""
+    Independent engines run side by side: A with the baseline, then B, B2, B2-async and model 1.
+    B3 loads asynchronously (``async_load``): every page is there again, a full hit."""
     model0, model1 = (str(m) for m in tiny_models)
     store = tmp_path_factory.mktemp("store")
     file_cfg = {"backend": "file", "options": {"root": str(store)}}
@@ -47,12 +49,19 @@ def runs(
         data[i] ^= 0x5A
     corrupt.write_bytes(bytes(data))
     _page_file(damaged, page_hashes(ids[1], BLOCK)[2]).unlink()
+    damaged_async = tmp_path_factory.mktemp("damaged_async") / "store"
+    shutil.copytree(damaged, damaged_async)
     damaged_cfg = {**file_cfg, "options": {"root": str(damaged)}}
+    async_cfg = {**file_cfg, "options": {"root": str(damaged_async)}, "async_load": True}
     b = engines.submit(run_engine, {"model": model0, "prompts": PROMPTS, "connector": file_cfg})
     b2 = engines.submit(run_engine, {"model": model0, "prompts": PROMPTS, "connector": damaged_cfg})
     other = engines.submit(run_engine, {"model": model1, "prompts": PROMPTS, "connector": file_cfg})
+    b2_async = engines.submit(run_engine, {"model": model0, "prompts": PROMPTS, "connector": async_cfg})
     out["b2"] = b2.result()
-    out["b3"] = run_engine({"model": model0, "prompts": PROMPTS, "connector": damaged_cfg})
+    out["b3"] = run_engine(
+        {"model": model0, "prompts": PROMPTS, "connector": {**damaged_cfg, "async_load": True}}
+    )
+    out["b2_async"] = b2_async.result()
     out["b"], out["other_model"], out["baseline"] = b.result(), other.result(), baseline.result()
     return out
 
@@ -92,11 +101,17 @@ def test_corrupt_and_missing_pages_are_recomputed(runs: dict[str, Any]) -> None:
     assert moved["load_failed_pages"] == 3  # the corrupt page 3 and pages 4-5 after it: recomputed
     assert b2["stats"]["metrics"]["integrity_errors"] == 1
     assert "Traceback" not in b2["stderr"]
-    # the recomputed pages were written back: the next process loads everything again
-    assert [r["num_cached_tokens"] for r in runs["b3"]["results"]] == [6 * BLOCK, 6 * BLOCK]
-    assert _tokens(runs["b3"]) == _tokens(base)
-    # vLLM counts a claimed block as cached when it schedules the request, before the load runs,
-    # so the corrupt-page run still reports the claim; the recompute shows in the load failures.
+    # the recomputed pages were written back: the next process (asynchronous loads) loads
+    # everything again
+    b3 = runs["b3"]
+    assert [r["num_cached_tokens"] for r in b3["results"]] == [6 * BLOCK, 6 * BLOCK]
+    assert _tokens(b3) == _tokens(base)
+    assert b3["stats"]["transfers"]["load_pages"] == 12
+    assert b3["stats"]["transfers"]["load_failed_pages"] == 0
+    # With synchronous loads vLLM counts a claimed block as cached when it admits the request,
+    # before the load runs, and a failed block only rewinds the running request (no new
+    # admission), so the corrupt-page run still reports the claim; the recompute shows in the
+    # load failures. Asynchronous loads report it (test_asynchronous_loads_...).
     assert corrupt_run["num_cached_tokens"] == 6 * BLOCK
 
 
@@ -105,3 +120,17 @@ def test_two_models_never_share_pages(runs: dict[str, Any]) -> None:
     assert [r["num_cached_tokens"] for r in other["results"]] == [0, 0]
     assert other["stats"]["transfers"]["load_pages"] == 0
     assert _tokens(other) != _tokens(runs["baseline"])  # the weights really differ
+
+
+def test_asynchronous_loads_recompute_corrupt_and_missing_pages(runs: dict[str, Any]) -> None:
+    """``async_load``: vLLM waits for the load thread (``finished_recving``). The load that meets
+    the corrupt page fails the request (``failed_recving``); vLLM asks again, the scheduler
+    claims only the 3 good pages, so ``num_cached_tokens`` shows the recompute."""
+    b2a, base = runs["b2_async"], runs["baseline"]
+    assert _tokens(b2a) == _tokens(base), "a damaged store changed the output"
+    assert [r["num_cached_tokens"] for r in b2a["results"]] == [3 * BLOCK, 2 * BLOCK]
+    moved = b2a["stats"]["transfers"]
+    # prompt 0: pages 0-2 loaded, 3 failed (4-5 not used), then pages 0-2 again; prompt 1: 0-1
+    assert moved["load_pages"] == 3 + 3 + 2 and moved["load_failed_pages"] == 3
+    assert b2a["stats"]["metrics"]["integrity_errors"] == 1
+    assert "Traceback" not in b2a["stderr"]

@@ -29,6 +29,7 @@ PAGE = PageFormat("m", None, "bfloat16", "cpu", "LBHNC", BS, 2, False, 1, 1)
         ({"backend": "file", "batch_pages": 0}, "batch_pages"),
         ({"backend": "", "options": {}}, "'backend'"),
         ({"backend": "file", "async_save": "yes"}, "async_save"),
+        ({"backend": "file", "async_load": 1}, "async_load"),
         ({"config": 3}, "'config'"),
     ],
 )
@@ -118,4 +119,31 @@ def test_loads_and_saves_per_step(tmp_path: Path) -> None:
     assert [op.hashes for op in ops.saves] == [hashes[3:10]]
     side.finished("r")
     assert not side.build([("r", 0, 4)], lambda _: blocks).saves
+    side.close()
+
+
+def test_async_load_is_sent_with_the_next_step_unscheduled(tmp_path: Path) -> None:
+    side, _, _ = _scheduler(tmp_path)
+    prompt = list(range(10 * BS + 2))
+    hashes = page_hashes(prompt, BS)
+    blocks = list(range(50, 61))
+    side.matched_tokens("r", prompt, 2 * BS)
+    side.after_alloc("r", prompt, 3 * BS, async_blocks=blocks[:5])  # vLLM waits for the load
+    side.matched_tokens("s", prompt, 0)
+    side.after_alloc("s", prompt, 2 * BS, async_blocks=blocks[:1])  # too few blocks: sent empty
+    ops = side.build([], lambda _: blocks)  # neither request is scheduled in this step
+    assert [(op.req_id, op.hashes, op.block_ids) for op in ops.async_loads] == [
+        ("r", hashes[2:5], blocks[2:5]),
+        ("s", [], []),
+    ]
+    assert not ops.loads and not ops.saves and not side.build([], lambda _: blocks).async_loads
+    side.load_failed("s", 0)  # s's async load failed at its first page: vLLM asks again
+    _store_pages(side, hashes[:4])
+    assert side.matched_tokens("s", prompt, 0) == 0  # never the failed page (no endless retry)
+    side.load_failed("r", 2)  # r's third granted page failed: pages 2-3 claimed again, not 4
+    assert side.matched_tokens("r", prompt, 0) == 4 * BS
+    side.after_alloc("r", prompt, 0)  # scheduled once loaded: the loaded pages are not loaded again
+    ops = side.build([("r", 5 * BS, 5 * BS + 2)], lambda _: blocks)
+    # every prompt page from the last lookup's start is offered for saving (stored ones skipped)
+    assert not ops.loads and not ops.async_loads and [op.hashes for op in ops.saves] == [hashes[:10]]
     side.close()

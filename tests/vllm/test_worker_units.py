@@ -1,8 +1,10 @@
 """The worker side over vLLM-shaped CPU KV tensors (no engine): in-place loads and saves, load
-errors, no save of a block whose load failed, and asynchronous saves reported when done."""
+errors, no save of a block whose load failed, asynchronous saves and loads reported when done,
+failed asynchronous loads reported with their good pages, and aborted ones cancelled."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -23,12 +25,19 @@ def _kv() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     return buf, {f"model.layers.{i}.self_attn.attn": buf[i] for i in range(L)}
 
 
-def _worker(root: Path, *, async_save: bool = False) -> WorkerSide:
+def _worker(root: Path, *, async_save: bool = False, async_load: bool = False) -> WorkerSide:
     settings = parse_extra_config(
-        {"backend": "file", "options": {"root": str(root)}, "async_save": async_save}
+        {
+            "backend": "file",
+            "options": {"root": str(root)},
+            "async_save": async_save,
+            "async_load": async_load,
+        }
     )
+    assert settings.async_load is async_load
     page = PageFormat("tiny", None, "bfloat16", "cpu", "LBHNC", N, L, False, 1, 1)
-    return WorkerSide(storage_config(settings, page, tp_rank=0, pp_rank=0), N, async_save=async_save)
+    config = storage_config(settings, page, tp_rank=0, pp_rank=0)
+    return WorkerSide(config, N, async_save=async_save, async_load=async_load)
 
 
 HASHES = page_hashes(list(range(4 * N)), N)
@@ -102,3 +111,57 @@ def test_unviewable_kv_cache_is_refused(tmp_path: Path) -> None:
     w.load([PageOp("r", HASHES, [0, 1, 2, 3])])  # not registered: every page fails, nothing raises
     assert w.load_errors() == {0, 1, 2, 3}
     w.close()
+
+
+def _until_loaded(w: WorkerSide, req_ids: set[str], finished: set[str] | None = None) -> set[str]:
+    done: set[str] = set()
+    deadline = time.monotonic() + 30
+    while not req_ids <= done and time.monotonic() < deadline:
+        done |= w.finished_loads(finished or set())
+        time.sleep(0.01)
+    return done
+
+
+def test_async_loads_report_done_and_failed_blocks(tmp_path: Path) -> None:
+    buf, kv = _kv()
+    w = _worker(tmp_path)
+    w.register(kv)
+    w.save([PageOp("w", HASHES, [1, 2, 3, 4])])
+    want = buf[:, 1:5].clone()
+    (corrupt,) = [p for p in tmp_path.rglob(f"*{HASHES[2]}*") if p.is_file()]
+    data = bytearray(corrupt.read_bytes())
+    data[-8:] = bytes(b ^ 0x5A for b in data[-8:])
+    corrupt.write_bytes(bytes(data))
+    w.close()
+    rbuf, rkv = _kv()
+    r = _worker(tmp_path, async_load=True)
+    r.register(rkv)
+    r.start_async_loads([PageOp("ok", HASHES[:2], [5, 6]), PageOp("bad", HASHES, [0, 1, 2, 3])])
+    r.start_async_loads([PageOp("noblocks", [], [])])  # nothing to write: failed as a whole
+    assert _until_loaded(r, {"ok", "bad", "noblocks"}) == {"ok", "bad", "noblocks"}
+    # the corrupt page 2 fails the request: vLLM recomputes it, the scheduler then claims pages 0-1
+    assert r.failed_requests() == {"bad": 2, "noblocks": 0} and r.failed_requests() == {}
+    assert not r.load_errors()
+    assert torch.equal(rbuf[:, [5, 6]], want[:, :2]) and torch.equal(rbuf[:, [0, 1]], want[:, :2])
+    assert r.stats.load_failed_pages == 2 and r.finished_loads(set()) == set()
+    r.close()
+
+
+def test_async_load_of_an_aborted_request_is_cancelled_or_awaited(tmp_path: Path) -> None:
+    _, kv = _kv()
+    r = _worker(tmp_path, async_load=True)
+    r.register(kv)
+    gate = threading.Event()
+    r.start_async_loads([PageOp("first", HASHES, [0, 1, 2, 3])])
+    assert r._loader is not None
+    r._loader.submit(gate.wait, 30)  # holds the load thread: the next load cannot start yet
+    r.start_async_loads([PageOp("aborted", HASHES, [4, 5, 6, 7])])
+    # vLLM finished (aborted) the request: its load never starts, it is reported at once
+    done = r.finished_loads({"aborted"})
+    assert "aborted" in done
+    gate.set()
+    done |= _until_loaded(r, {"first"} - done)
+    assert done == {"first", "aborted"}
+    # an empty store: every page of "first" failed; "aborted" never ran (no blocks 4-7 touched)
+    assert r.failed_requests() == {"first": 0} and r.stats.load_failed_pages == 4
+    r.close()

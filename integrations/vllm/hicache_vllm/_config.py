@@ -12,7 +12,10 @@ plus, optionally, the other operator fields of :class:`hicache_core.StorageConfi
 reports hits, misses, bytes and load/save time through the ``metrics`` extension) and the
 controller settings (``batch_pages``...). Given both, the keys of the extra config override the
 file's. ``async_save`` (default false) moves saves to a background thread; vLLM then keeps a
-finished request's blocks until its saves are done (``get_finished``).
+finished request's blocks until its saves are done (``get_finished``). ``async_load`` (default
+false) moves loads to a background thread: the scheduler answers ``(tokens, True)``, the request
+waits outside the batch until the worker reports its load done (``get_finished``), and failed
+pages are reported through ``get_block_ids_with_load_errors`` and recomputed.
 
 The fields that decide which pages may be shared are set by the connector from vLLM's config and
 are refused in the extra config: ``model_name`` (the served model plus the page byte format),
@@ -64,7 +67,7 @@ ENGINE_FIELDS = frozenset(
 )
 _OPERATOR_FIELDS = frozenset(StorageConfig.model_fields) - ENGINE_FIELDS
 _CONTROLLER_FIELDS = frozenset(ControllerSettings.model_fields)
-CONNECTOR_KEYS = frozenset({"config", "async_save"})
+CONNECTOR_KEYS = frozenset({"config", "async_save", "async_load"})
 EXTRA_KEYS = CONNECTOR_KEYS | _OPERATOR_FIELDS | _CONTROLLER_FIELDS
 
 
@@ -74,6 +77,7 @@ class ConnectorSettings:
 
     fields: dict[str, Any]
     async_save: bool = False
+    async_load: bool = False
 
     @property
     def backend(self) -> str:
@@ -155,9 +159,11 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
             '{"backend": "file", "options": {"root": "/var/cache/hicache"}} or '
             '{"config": "/etc/hicache.toml"} (list the installed backends with `hicache backends`)'
         )
-    async_save = extra.get("async_save", False)
-    if not isinstance(async_save, bool):
-        raise ConfigError(f"hicache-vllm: 'async_save' must be true or false, got {async_save!r:.80}")
+    flags = {}
+    for key in ("async_save", "async_load"):
+        flags[key] = extra.get(key, False)
+        if not isinstance(flags[key], bool):
+            raise ConfigError(f"hicache-vllm: {key!r} must be true or false, got {flags[key]!r:.80}")
     for key, value in extra.items():
         if key in CONNECTOR_KEYS:
             continue
@@ -181,7 +187,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         StorageConfig.model_validate(data)
     except ConfigError as err:
         raise ConfigError(f"hicache-vllm: invalid kv_connector_extra_config: {err}") from None
-    return ConnectorSettings(data, async_save)
+    return ConnectorSettings(data, flags["async_save"], flags["async_load"])
 
 
 def storage_config(

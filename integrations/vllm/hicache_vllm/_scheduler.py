@@ -9,7 +9,9 @@ as everywhere in hicache and any process serving the same model with the same st
   prefix-cache hit, counting the leading stored ones. The last prompt token is never claimed:
   vLLM must compute at least one token to sample from. Any failure answers 0 (recompute).
 * :meth:`after_alloc` records the load a request was granted; :meth:`build` turns the granted
-  loads and the prompt pages completed by this step into :class:`PageOps` for the worker.
+  loads and the prompt pages completed by this step into :class:`PageOps` for the worker. An
+  asynchronous load (``async_load``) is a request vLLM does not schedule until the worker
+  reports it loaded, so its page op is made at allocation and sent with the next step.
 * Only full prompt pages are saved, each once per request. Pages vLLM already had (its prefix
   cache) are not; loaded pages are offered again, so a page that failed to load and was
   recomputed is written back (the backend skips pages it holds: ``set_skips_existing`` or the
@@ -48,6 +50,7 @@ class PageOps:
 
     loads: list[PageOp] = field(default_factory=list)
     saves: list[PageOp] = field(default_factory=list)
+    async_loads: list[PageOp] = field(default_factory=list)
 
 
 @dataclass
@@ -59,6 +62,7 @@ class _ReqState:
     load_pages: int = 0  # pages granted (0: nothing to load)
     load_sent: bool = False
     saved_upto: int = 0  # pages below this are stored (or were there already)
+    max_pages: int | None = None  # an asynchronous load failed here: never claim from here on
 
 
 @dataclass
@@ -81,6 +85,7 @@ class SchedulerSide:
         self.block_size = block_size
         self.stats = LookupStats()
         self._reqs: dict[str, _ReqState] = {}
+        self._async_loads: list[PageOp] = []
 
     def _state(self, req_id: str, prompt: Sequence[int]) -> _ReqState:
         st = self._reqs.get(req_id)
@@ -96,6 +101,8 @@ class SchedulerSide:
             st = self._state(req_id, prompt)
             start = st.lookup_start = num_computed_tokens // bs
             usable = (len(prompt) - 1) // bs  # never the last prompt token
+            if st.max_pages is not None:
+                usable = min(usable, st.max_pages)
             if usable <= start:
                 return 0
             hashes = st.hashes[start:usable]
@@ -116,17 +123,44 @@ class SchedulerSide:
         self.stats.hit_tokens += found * bs
         return found * bs
 
-    def after_alloc(self, req_id: str, prompt: Sequence[int], external: int) -> None:
+    def after_alloc(
+        self,
+        req_id: str,
+        prompt: Sequence[int],
+        external: int,
+        async_blocks: Sequence[int] | None = None,
+    ) -> None:
         """vLLM allocated blocks for ``external`` tokens to load after its own hit (the
-        ``num_computed_tokens`` of the last lookup)."""
+        ``num_computed_tokens`` of the last lookup). ``async_blocks``: the request's block ids
+        when the load is asynchronous; its op goes out with the next :meth:`build`. It always
+        goes out (the worker must report every asynchronous load): pages without a block are
+        sent with empty lists, which the worker reports as a failed load."""
         st = self._state(req_id, prompt)
         bs = self.block_size
         st.load_start = st.lookup_start
         st.load_pages = external // bs
         st.load_sent = False
+        if async_blocks is not None and st.load_pages:
+            first, stop = st.load_start, st.load_start + st.load_pages
+            if stop <= len(async_blocks):
+                op = PageOp(req_id, st.hashes[first:stop], list(async_blocks[first:stop]))
+            else:
+                log.error("hicache-vllm: request %s has no blocks for its granted load", req_id)
+                op = PageOp(req_id, [], [])
+            self._async_loads.append(op)
+            st.load_sent = True
         # Loaded pages are saved again: a page that fails to load is recomputed and written back
         # (the backend skips the pages it still holds).
         st.saved_upto = st.load_start
+
+    def load_failed(self, req_id: str, good_pages: int) -> None:
+        """The asynchronous load granted to ``req_id`` loaded only its first ``good_pages``
+        pages: vLLM recomputes the request and asks again; claim no page from the failed one on
+        (this also ends the retries of a page that stays broken)."""
+        st = self._reqs.get(req_id)
+        if st is not None:
+            cap = st.load_start + good_pages
+            st.max_pages = cap if st.max_pages is None else min(st.max_pages, cap)
 
     def build(
         self,
@@ -135,7 +169,8 @@ class SchedulerSide:
     ) -> PageOps:
         """This step's loads and saves. ``scheduled`` holds ``(req_id, num_computed_tokens,
         num_scheduled_tokens)`` of every scheduled request; ``block_ids(req_id)`` its blocks."""
-        ops = PageOps()
+        ops = PageOps(async_loads=self._async_loads)
+        self._async_loads = []
         for req_id, computed, new in scheduled:
             st = self._reqs.get(req_id)
             if st is None:

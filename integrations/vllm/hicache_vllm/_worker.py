@@ -13,6 +13,14 @@ Failure never means wrong tokens: a page that fails to load (missing, corrupt, b
 is reported with every later page of its request through :meth:`load_errors`, and vLLM
 recomputes them; a failed save is logged and counted, nothing else happens. No method raises
 into the engine after registration.
+
+Asynchronous loads (``async_load``) run the same per-request load on one background thread;
+:meth:`finished_loads` reports a request once its load has written every page it will write,
+or once a load not yet started was cancelled because vLLM finished (aborted) the request. A
+request whose asynchronous load failed in part is reported whole through
+:meth:`failed_requests` (with how many leading pages were good), before or with its
+``finished_recving``: vLLM then frees its blocks and asks the scheduler again, which claims only
+the good pages, so ``num_cached_tokens`` counts what was really loaded.
 """
 
 from __future__ import annotations
@@ -54,7 +62,9 @@ class TransferStats:
 class WorkerSide:
     """The worker half: pool, store, transfer path, pending load errors and async saves."""
 
-    def __init__(self, config: StorageConfig, block_size: int, *, async_save: bool) -> None:
+    def __init__(
+        self, config: StorageConfig, block_size: int, *, async_save: bool, async_load: bool = False
+    ) -> None:
         self.config = config
         self.block_size = block_size
         self.async_save = async_save
@@ -71,6 +81,9 @@ class WorkerSide:
         # them in a later step, so this step never saves them (nor any later page of the request).
         self._failed_step: set[int] = set()
         self._calls: ThreadPoolExecutor | None = None
+        self._loader = ThreadPoolExecutor(1, thread_name_prefix="hicache-vllm-load") if async_load else None
+        self._loading: dict[str, Future[None]] = {}
+        self._failed_reqs: dict[str, int] = {}
 
     # --------------------------------------------------------------- set-up
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -124,23 +137,75 @@ class WorkerSide:
         """Read the pages of ``ops`` into their vLLM blocks; failed blocks go to :meth:`load_errors`."""
         self._failed_step = set()
         for op in ops:
-            if not op.hashes:
-                continue
-            ok = self._load_one(op)
-            n = len(op.hashes)
-            good = ok.index(False) if False in ok else n
-            if good < n:
-                # vLLM truncates the request at its first failed block: report that one and the rest
+            if op.hashes:
+                good = self._load_checked(op)
+                if good < len(op.hashes):
+                    # vLLM truncates the request at its first failed block: that one and the rest
+                    failed = op.block_ids[good:]
+                    with self._lock:
+                        self._errors.update(failed)
+                    self._failed_step.update(failed)
+
+    def _load_checked(self, op: PageOp) -> int:
+        """Load one request's pages; the number of leading pages loaded (the rest failed)."""
+        ok = self._load_one(op)
+        n = len(op.hashes)
+        good = ok.index(False) if False in ok else n
+        if good == n:
+            return n
+        self.stats.load_failed_pages += n - good
+        log.warning(
+            "hicache-vllm: request %s loaded %d of %d pages; vLLM recomputes the rest",
+            op.req_id,
+            good,
+            n,
+        )
+        return good
+
+    def start_async_loads(self, ops: Sequence[PageOp]) -> None:
+        """Start the loads of ``ops`` on the load thread (:meth:`finished_loads` reports them)."""
+        for op in ops:
+            fut: Future[None] = Future()
+            if not op.hashes:  # no block to write: the whole request is recomputed
                 with self._lock:
-                    self._errors.update(op.block_ids[good:])
-                self._failed_step.update(op.block_ids[good:])
-                self.stats.load_failed_pages += n - good
-                log.warning(
-                    "hicache-vllm: request %s loaded %d of %d pages; vLLM recomputes the rest",
-                    op.req_id,
-                    good,
-                    n,
-                )
+                    self._failed_reqs[op.req_id] = 0
+                fut.set_result(None)
+            elif self._loader is None:
+                self._load_async(op)
+                fut.set_result(None)
+            else:
+                fut = self._loader.submit(self._load_async, op)
+            with self._lock:
+                self._loading[op.req_id] = fut
+
+    def _load_async(self, op: PageOp) -> None:
+        try:
+            good = self._load_checked(op)
+        except Exception as err:  # never lose a request: it is reported finished and failed
+            log.error("hicache-vllm: load of request %s failed: %s: %s", op.req_id, type(err).__name__, err)
+            good = 0
+        if good < len(op.hashes):  # recorded before the future is done: reported no later
+            with self._lock:
+                self._failed_reqs[op.req_id] = good
+
+    def finished_loads(self, finished_req_ids: set[str]) -> set[str]:
+        """Requests whose asynchronous load is over: done, or cancelled before it started
+        because vLLM finished (aborted) the request. vLLM keeps an unreported request's blocks,
+        so a load still running for an aborted request is waited for, never abandoned."""
+        with self._lock:
+            for r in finished_req_ids & self._loading.keys():
+                self._loading[r].cancel()  # only succeeds if the load has not started
+            done = {r for r, f in self._loading.items() if f.done()}
+            for r in done:
+                del self._loading[r]
+        return done
+
+    def failed_requests(self) -> dict[str, int]:
+        """Asynchronous loads that failed since the last call: request id -> leading pages that
+        were good (vLLM recomputes the request; the scheduler claims at most those again)."""
+        with self._lock:
+            out, self._failed_reqs = self._failed_reqs, {}
+        return out
 
     def _load_one(self, op: PageOp) -> list[bool]:
         path, pool = self.path, self.pool
@@ -222,6 +287,8 @@ class WorkerSide:
             f.result()
 
     def close(self) -> None:
+        if self._loader is not None:
+            self._loader.shutdown(wait=True, cancel_futures=True)
         if self._saver is not None:
             self._saver.shutdown(wait=True)
         if self._calls is not None:

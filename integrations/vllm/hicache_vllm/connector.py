@@ -17,6 +17,16 @@ A hicache store is a cache: a page that fails to load is recomputed. The connect
 runs vLLM with ``kv_load_failure_policy="recompute"`` (it sets it, with a log line, when the
 config says ``"fail"``): failed blocks are reported through ``get_block_ids_with_load_errors``
 and vLLM recomputes them instead of failing the request.
+
+With ``async_load`` the scheduler answers ``(tokens, True)``: vLLM allocates the request's
+blocks, keeps it out of the batch, and the worker loads its pages on a background thread,
+reporting it in ``get_finished``'s ``finished_recving`` once every page is in place or failed.
+A load that failed in part is reported in ``failed_recving`` (the same step or earlier) with the
+number of good leading pages in the worker metadata: vLLM drops the request's blocks and asks
+``get_num_new_matched_tokens`` again, which then claims only the good pages, so the request's
+``num_cached_tokens`` counts what was really loaded (those pages are read a second time). vLLM
+keeps the blocks of a request aborted meanwhile until that report, and the worker cancels a
+load not yet started for an aborted request, so nothing writes a block vLLM may reuse.
 """
 
 from __future__ import annotations
@@ -30,6 +40,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
 )
 
 from hicache_core import ComponentSpec, ConfigError, HostPool, PoolName, open_store
@@ -60,7 +72,21 @@ class HiCacheConnectorMetadata(KVConnectorMetadata):  # type: ignore[misc,unused
 
     loads: list[PageOp] = field(default_factory=list)
     saves: list[PageOp] = field(default_factory=list)
+    async_loads: list[PageOp] = field(default_factory=list)
     preempted: bool = False
+
+
+@dataclass
+class HiCacheWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc,unused-ignore]  # Any without vLLM
+    """Worker -> scheduler: failed asynchronous loads, request id -> good leading pages."""
+
+    loaded_pages: dict[str, int] = field(default_factory=dict)
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        if isinstance(other, HiCacheWorkerMetadata):
+            for req_id, good in other.loaded_pages.items():
+                self.loaded_pages[req_id] = min(good, self.loaded_pages.get(req_id, good))
+        return self
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -150,12 +176,18 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._saving: set[str] = set()  # requests with saves sent (async_save)
+        self._failed_loads: dict[str, int] = {}  # worker: failed async loads not yet sent back
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = _scheduler_side(self.settings, self.page)
         else:
             tp_rank, pp_rank = _ranks()
             config = storage_config(self.settings, self.page, tp_rank=tp_rank, pp_rank=pp_rank)
-            self.worker = WorkerSide(config, self.page.block_size, async_save=self.settings.async_save)
+            self.worker = WorkerSide(
+                config,
+                self.page.block_size,
+                async_save=self.settings.async_save,
+                async_load=self.settings.async_load,
+            )
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -178,14 +210,18 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
         if self.scheduler is None or not self._loads or not self._cacheable(request):
             return 0, False
         prompt = request.prompt_token_ids or []
-        return self.scheduler.matched_tokens(request.request_id, prompt, num_computed_tokens), False
+        n = self.scheduler.matched_tokens(request.request_id, prompt, num_computed_tokens)
+        return n, self.settings.async_load and n > 0
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
     ) -> None:
         if self.scheduler is not None and self._cacheable(request):
             prompt = request.prompt_token_ids or []
-            self.scheduler.after_alloc(request.request_id, prompt, num_external_tokens)
+            async_blocks = None
+            if self.settings.async_load and num_external_tokens > 0:
+                async_blocks = list(blocks.get_block_ids()[0])
+            self.scheduler.after_alloc(request.request_id, prompt, num_external_tokens, async_blocks)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         meta = HiCacheConnectorMetadata(preempted=bool(scheduler_output.preempted_req_ids))
@@ -209,9 +245,16 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
 
         ops = sched.build(scheduled, block_ids)
         meta.loads, meta.saves = ops.loads, ops.saves if self._saves else []
+        meta.async_loads = ops.async_loads
         if self.settings.async_save:
             self._saving.update(op.req_id for op in meta.saves)
         return meta
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        meta = getattr(connector_output, "kv_connector_worker_meta", None)
+        if self.scheduler is not None and isinstance(meta, HiCacheWorkerMetadata):
+            for req_id, good in meta.loaded_pages.items():
+                self.scheduler.load_failed(req_id, good)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self.scheduler is not None:
@@ -242,6 +285,7 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
             meta = self._get_connector_metadata()
             assert isinstance(meta, HiCacheConnectorMetadata)
             self.worker.load(meta.loads)
+            self.worker.start_async_loads(meta.async_loads)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # every page is loaded in start_load_kv, before the forward pass
@@ -263,9 +307,25 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
             self.worker.drain()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        if self.worker is None or not self.settings.async_save:
+        if self.worker is None:
             return None, None
-        return self.worker.finished_saves(finished_req_ids) or None, None
+        saved = self.worker.finished_saves(finished_req_ids) if self.settings.async_save else None
+        loaded = self.worker.finished_loads(finished_req_ids) if self.settings.async_load else None
+        return saved or None, loaded or None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        results = super().get_transfer_results(finished_req_ids)
+        if self.worker is not None and self.settings.async_load:
+            failed = self.worker.failed_requests()
+            results.failed_recving = set(failed)
+            self._failed_loads.update(failed)
+        return results
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if not self._failed_loads:
+            return None
+        meta, self._failed_loads = HiCacheWorkerMetadata(self._failed_loads), {}
+        return meta
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         return self.worker.load_errors() if self.worker is not None else set()
