@@ -21,7 +21,7 @@ typecheck:
 	$(VENV)/bin/mypy plugins/file/hicache_file plugins/mooncake/hicache_mooncake plugins/hf3fs_stub/hicache_hf3fs_stub plugins/nixl/hicache_nixl integrations/sglang/hicache_sglang integrations/vllm/hicache_vllm
 
 unit:
-	$(PY) -m pytest tests -q --ignore=tests/vllm -n 3 --dist loadfile
+	$(PY) -m pytest tests -q --ignore=tests/vllm -n 3 --dist loadgroup
 
 vllm:
 	bash integrations/vllm/setup-dev.sh

@@ -19,6 +19,35 @@ except ImportError:  # pragma: no cover - the mooncake plugin is part of the dev
     pass
 from tests.support.membackend import MEMORY_ENTRY_POINTS, SHARED
 
+_MOONCAKE_FIXTURES = {"mooncake_master", "mooncake_master_factory", "mooncake_standalone"}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``-n 3 --dist loadgroup``) each file is one group, so a
+    module's fixtures are built once; every file that starts real Mooncake processes joins one
+    group, so one worker runs them one after another, as a serial run does (and the session's
+    master is shared by them)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    files: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    for path, file_items in files.items():
+        # draft_matrix starts Mooncake from a parametrized fixture (request.getfixturevalue)
+        mooncake = (
+            "mooncake" in path.name
+            or "draft_matrix" in path.parts
+            or any(
+                item.get_closest_marker("mooncake")
+                or _MOONCAKE_FIXTURES & set(getattr(item, "fixturenames", ()))
+                for item in file_items
+            )
+        )
+        group = pytest.mark.xdist_group("mooncake" if mooncake else str(path))
+        for item in file_items:
+            item.add_marker(group)
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
