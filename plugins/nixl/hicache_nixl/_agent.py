@@ -179,7 +179,9 @@ class Agent:
         """Move ``local`` (DRAM) <-> ``remote`` (``mem``) descriptors pairwise; ``True`` when done.
 
         ``op`` is ``"WRITE"`` (DRAM to storage) or ``"READ"``. A transfer NIXL reports failed,
-        or one still running after ``timeout_s``, is ``False`` (logged); it is released either way.
+        or (``mem`` other than ``"FILE"``) one still running after ``timeout_s``, is ``False``
+        (logged); it is released either way. A ``"FILE"`` transfer moves the caller's pool memory,
+        so past ``timeout_s`` it is waited for (logged), never abandoned.
         A transfer abandoned while running may still touch its memory and files: ``keep`` (what
         the caller allocated or opened for it) is then marked abandoned and kept for the agent's
         lifetime, so no buffer is freed and no fd closed (and reused) under NIXL.
@@ -214,7 +216,19 @@ class Agent:
                     spins += 1
                     if spins > 64:
                         time.sleep(_POLL_S)
-                        if time.monotonic() > deadline:
+                        if time.monotonic() > deadline and mem == "FILE":
+                            # posix regions are the caller's pool memory: abandoning the transfer
+                            # would let NIXL write it after the hook returned. Wait for the end
+                            # (local disk I/O completes); the store's io_timeout_s bounds a call.
+                            log.warning(
+                                "hicache nixl: %s transfer of %d regions still running after %.1f s; "
+                                "waiting for it to end (it uses host pool memory)",
+                                op,
+                                len(local),
+                                self.timeout_s,
+                            )
+                            deadline = float("inf")
+                        elif time.monotonic() > deadline:
                             log.warning(
                                 "hicache nixl: %s transfer of %d regions timed out after %.1f s",
                                 op,

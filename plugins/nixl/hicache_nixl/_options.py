@@ -45,8 +45,9 @@ class NixlOptions(BaseModel):
     credentials come from ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` (and
     ``AWS_SESSION_TOKEN``) in the environment only.
 
-    ``timeout_s`` bounds one NIXL transfer; a transfer that has not finished by then is
-    abandoned and its pages are reported failed.
+    ``timeout_s`` bounds one obj transfer and each existence request; such a transfer that has
+    not finished by then is abandoned and its pages are reported failed. A posix transfer moves
+    host pool memory directly and is waited for past it (logged), never abandoned.
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
