@@ -16,7 +16,13 @@ each measurement in a fresh ``.venv-vllm`` process running this file with ``--ch
   Target >= 0.9. It measures what the connector adds to the controller's own path. Reported
   with it: ``vs_page_first_pool``, the connector against a controller reading the same pages
   into a page-first pool of its own (the layout cost of vLLM's layer-major CPU KV cache).
-  ``vllm_save_vs_controller`` is the same for writing fresh pages (backup).
+  ``vllm_save_vs_controller`` is the same for writing fresh pages (backup), the connector
+  handed them as vLLM hands one engine step of ``STEP_REQUESTS`` requests (its worker writes a
+  step's pages in one transfer), the controller in one ``backup`` call.
+* ``vllm_ttft_async_vs_sync_load`` (no target; it decides the default load mode): the time to
+  first token of a hit with ``async_load`` / with synchronous loads, in one engine built with
+  ``async_load`` whose scheduler side switches mode between generations (ABBA order), median of
+  the paired ratios.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 PROMPT_TOKENS = 1024
 BLOCK = 32
+STEP_REQUESTS = 4
 
 
 def _env() -> dict[str, str]:
@@ -121,6 +128,29 @@ def _ttft(llm: Any, prompt: str, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _load_modes(llm: Any, prompt: str, repeats: int) -> dict[str, float]:
+    """Time to first token of a hit with synchronous and with asynchronous loads, paired in one
+    engine (built with ``async_load``, so its worker has the load thread): the scheduler side's
+    mode is switched between generations, in ABBA order; medians, and the median of the
+    per-pair ratios async / sync."""
+    import dataclasses
+
+    connector = llm.llm_engine.engine_core.engine_core.scheduler.connector
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 * repeats):
+        mode = bool(i % 2) != bool((i // 2) % 2)  # F T T F F T ...
+        connector.settings = dataclasses.replace(connector.settings, async_load=mode)
+        times[mode].append(_ttft(llm, prompt, 1))
+    ratios = [a / s for s, a in zip(times[False], times[True])]
+    return {
+        "sync_ttft_s": statistics.median(times[False]),
+        "async_ttft_s": statistics.median(times[True]),
+        "async_vs_sync": statistics.median(ratios),
+        "sync_ms_all": [round(t * 1e3, 1) for t in times[False]],
+        "async_ms_all": [round(t * 1e3, 1) for t in times[True]],
+    }
+
+
 def _throughput(worker: Any, pages: int, rounds: int) -> dict[str, float]:
     """Connector worker vs CacheController on the same pages: GB/s of the connector (``load``,
     ``save``), of a controller over the same vLLM blocks (``ctl_*``) and of a controller over a
@@ -151,8 +181,13 @@ def _throughput(worker: Any, pages: int, rounds: int) -> dict[str, float]:
         for r in range(rounds):
             h = {k: [f"{k}{r:04d}{i:058x}" for i in range(pages)] for k in ("aa", "bb", "cc")}
             op = PageOp("bench", h["aa"], blocks)
+            per = pages // STEP_REQUESTS  # one engine step's saves: STEP_REQUESTS requests' pages
+            step = [
+                PageOp(f"r{j}", h["aa"][j * per : (j + 1) * per], blocks[j * per : (j + 1) * per])
+                for j in range(STEP_REQUESTS)
+            ]
             saves = [
-                ("save", partial(worker.save, [op])),
+                ("save", partial(worker.save, step)),
                 ("ctl_save", partial(ctl.backup, h["bb"], blocks)),
                 ("pf_save", partial(pf.backup, h["cc"], blocks)),
             ]
@@ -186,6 +221,12 @@ def child(args: dict[str, Any]) -> dict[str, Any]:
     result["ttft_s"] = _ttft(llm, prompt, args["repeats"])
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
+    result["async_load"] = get_kv_transfer_group().settings.async_load
+    if args.get("load_modes"):
+        result.update(_load_modes(llm, prompt, args["repeats"]))
+    if not args.get("pages"):
+        return result
+
     worker = get_kv_transfer_group().worker
     result["stats"] = get_kv_transfer_group().stats().get("transfers")
     result.update(_throughput(worker, args["pages"], args["rounds"]))
@@ -217,25 +258,44 @@ def run(quick: bool = False) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hicache-bench-vllm-") as tmp:
         base = {"model_dir": str(Path(tmp) / "model"), "repeats": 3 if quick else 7}
         recompute = _run_child(base)
+        store = {"backend": "file", "options": {"root": str(Path(tmp) / "store")}}
         hicache = _run_child(
+            {**base, "connector": store, "pages": 64 if quick else 256, "rounds": 9 if quick else 15}
+        )
+        # synchronous vs asynchronous loads, paired in one engine
+        modes = _run_child(
             {
                 **base,
-                "connector": {"backend": "file", "options": {"root": str(Path(tmp) / "store")}},
-                "pages": 64 if quick else 256,
-                "rounds": 3 if quick else 9,
+                "connector": {**store, "async_load": True},
+                "load_modes": True,
+                "repeats": 9 if quick else 15,
             }
         )
     ttft = hicache["ttft_s"] / recompute["ttft_s"]
+    sync_ms, async_ms = modes["sync_ttft_s"] * 1e3, modes["async_ttft_s"] * 1e3
     print(
         f"bench_vllm: TTFT hicache {hicache['ttft_s'] * 1e3:.1f} ms vs recompute {recompute['ttft_s'] * 1e3:.1f} ms; "
         f"load {hicache['load']:.2f} vs controller {hicache['ctl_load']:.2f} (page-first pool "
         f"{hicache['pf_load']:.2f}) GB/s; save {hicache['save']:.2f} vs controller "
-        f"{hicache['ctl_save']:.2f} (page-first pool {hicache['pf_save']:.2f}) GB/s"
+        f"{hicache['ctl_save']:.2f} (page-first pool {hicache['pf_save']:.2f}) GB/s; TTFT hit with "
+        f"synchronous loads {sync_ms:.1f} ms, asynchronous loads {async_ms:.1f} ms (paired ratio "
+        f"{modes['async_vs_sync']:.2f})"
     )
     return {
         "vllm_ttft_hicache_vs_recompute": _entry(
-            ttft, 0.5, False, hicache_ms=hicache["ttft_s"] * 1e3, recompute_ms=recompute["ttft_s"] * 1e3
+            ttft,
+            0.5,
+            False,
+            hicache_ms=hicache["ttft_s"] * 1e3,
+            recompute_ms=recompute["ttft_s"] * 1e3,
+            default_async_load=hicache["async_load"],
         ),
+        "vllm_ttft_async_vs_sync_load": {
+            "ratio": modes["async_vs_sync"],
+            "sync_load_ms": sync_ms,
+            "async_load_ms": async_ms,
+            "note": "time to first token of a hit, async_load / synchronous loads, paired in one engine",
+        },
         "vllm_load_vs_controller": _entry(
             hicache["load"] / hicache["ctl_load"],
             0.9,

@@ -2,8 +2,9 @@
 
 Usage: ``python engine_worker.py '<json>'`` with ``model`` (a local model directory),
 ``prompts`` (a list of prompt strings, served one after another), optional ``connector`` (the
-``kv_connector_extra_config`` of a ``HiCacheConnector``; absent: no connector), ``max_tokens``
-and ``block_size``. Prints one line ``RESULT {...}``: per prompt its token ids, the generated
+``kv_connector_extra_config`` of a ``HiCacheConnector``; absent: no connector), ``max_tokens``,
+``block_size``, ``tensor_parallel_size`` (> 1: one worker process per rank) and
+``enable_prefix_caching`` (vLLM's own prefix cache, on by default). Prints one line ``RESULT {...}``: per prompt its token ids, the generated
 token ids and text and ``num_cached_tokens``, and the connector's ``stats()``.
 """
 
@@ -38,6 +39,15 @@ def main() -> None:
             kv_role="kv_both",
             kv_connector_extra_config=args["connector"],
         )
+    tp = args.get("tensor_parallel_size", 1)
+    if tp > 1:
+        # one worker process per rank, each bound to one CPU (vLLM's automatic binding wants a
+        # NUMA node per rank)
+        kw.update(tensor_parallel_size=tp, distributed_executor_backend="mp")
+        cpus = sorted(os.sched_getaffinity(0))
+        os.environ.setdefault(
+            "VLLM_CPU_OMP_THREADS_BIND", "|".join(str(cpus[i % len(cpus)]) for i in range(tp))
+        )
     llm = LLM(
         model=args["model"],
         enforce_eager=True,
@@ -45,6 +55,7 @@ def main() -> None:
         max_model_len=1024,
         dtype="bfloat16",
         seed=0,
+        enable_prefix_caching=args.get("enable_prefix_caching", True),
         **kw,
     )
     sampling = SamplingParams(temperature=0, max_tokens=args.get("max_tokens", 8))
@@ -60,7 +71,7 @@ def main() -> None:
             }
         )
     stats = None
-    if kw:
+    if "kv_transfer_config" in kw and tp == 1:  # with tp > 1 the workers are other processes
         from vllm.distributed.kv_transfer import get_kv_transfer_group
 
         stats = get_kv_transfer_group().stats()

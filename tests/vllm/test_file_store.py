@@ -25,11 +25,9 @@ def runs(
     baseline: Future[dict[str, Any]],
     engines: ThreadPoolExecutor,
 ) -> dict[str, Any]:
-    """A then B on one store; B2 then B3 on a damaged copy; B2 with asynchronous loads on a second
-    damaged copy; model 1 on the store; the baseline.
-
-    Independent engines run side by side: A with the baseline, then B, B2, B2-async and model 1.
-    B3 loads asynchronously (``async_load``): every page is there again, a full hit."""
+    """A then B on one store; B2 on a damaged copy; B2 with asynchronous loads on a second
+    damaged copy; model 1 on the store; model 0 on two tensor-parallel ranks on the store; the
+    baseline. Independent engines run two at a time: A with the baseline, then the others."""
     model0, model1 = (str(m) for m in tiny_models)
     store = tmp_path_factory.mktemp("store")
     file_cfg = {"backend": "file", "options": {"root": str(store)}}
@@ -53,16 +51,29 @@ def runs(
     shutil.copytree(damaged, damaged_async)
     damaged_cfg = {**file_cfg, "options": {"root": str(damaged)}}
     async_cfg = {**file_cfg, "options": {"root": str(damaged_async)}, "async_load": True}
+    # model 0 on two tensor-parallel ranks (one worker process each), vLLM's prefix cache off, on
+    # A's store: A's pages (tp_size 1) are not its pages; the second serving loads its own
+    tp2 = engines.submit(
+        run_engine,
+        {
+            "model": model0,
+            "prompts": PROMPTS[:1] * 2,
+            "connector": file_cfg,
+            "tensor_parallel_size": 2,
+            "enable_prefix_caching": False,
+        },
+        420,
+    )
     b = engines.submit(run_engine, {"model": model0, "prompts": PROMPTS, "connector": file_cfg})
     b2 = engines.submit(run_engine, {"model": model0, "prompts": PROMPTS, "connector": damaged_cfg})
     other = engines.submit(run_engine, {"model": model1, "prompts": PROMPTS, "connector": file_cfg})
     b2_async = engines.submit(run_engine, {"model": model0, "prompts": PROMPTS, "connector": async_cfg})
     out["b2"] = b2.result()
-    out["b3"] = run_engine(
-        {"model": model0, "prompts": PROMPTS, "connector": {**damaged_cfg, "async_load": True}}
-    )
+    out["corrupted"] = (corrupt.name, bytes(data))
+    out["damaged"] = damaged
     out["b2_async"] = b2_async.result()
     out["b"], out["other_model"], out["baseline"] = b.result(), other.result(), baseline.result()
+    out["tp2"] = tp2.result()
     return out
 
 
@@ -101,18 +112,16 @@ def test_corrupt_and_missing_pages_are_recomputed(runs: dict[str, Any]) -> None:
     assert moved["load_failed_pages"] == 3  # the corrupt page 3 and pages 4-5 after it: recomputed
     assert b2["stats"]["metrics"]["integrity_errors"] == 1
     assert "Traceback" not in b2["stderr"]
-    # the recomputed pages were written back: the next process (asynchronous loads) loads
-    # everything again
-    b3 = runs["b3"]
-    assert [r["num_cached_tokens"] for r in b3["results"]] == [6 * BLOCK, 6 * BLOCK]
-    assert _tokens(b3) == _tokens(base)
-    assert b3["stats"]["transfers"]["load_pages"] == 12
-    assert b3["stats"]["transfers"]["load_failed_pages"] == 0
-    # With synchronous loads vLLM counts a claimed block as cached when it admits the request,
-    # before the load runs, and a failed block only rewinds the running request (no new
-    # admission), so the corrupt-page run still reports the claim; the recompute shows in the
-    # load failures. Asynchronous loads report it (test_asynchronous_loads_...).
-    assert corrupt_run["num_cached_tokens"] == 6 * BLOCK
+    # the recomputed pages were written back: the deleted page is there again, the corrupt one
+    # (removed when its checksum failed) replaced
+    ids = [r["prompt_token_ids"] for r in b2["results"]]
+    name, corrupted = runs["corrupted"]
+    rewritten = _page_file(runs["damaged"], page_hashes(ids[0], BLOCK)[3])
+    assert rewritten.name == name and rewritten.read_bytes() != corrupted
+    assert _page_file(runs["damaged"], page_hashes(ids[1], BLOCK)[2]).stat().st_size == len(corrupted)
+    # vLLM records the claim (6 pages) when it admits the request; the connector corrects it to
+    # the 3 pages loaded before the corrupt one
+    assert corrupt_run["num_cached_tokens"] == 3 * BLOCK
 
 
 def test_two_models_never_share_pages(runs: dict[str, Any]) -> None:
@@ -134,3 +143,13 @@ def test_asynchronous_loads_recompute_corrupt_and_missing_pages(runs: dict[str, 
     assert moved["load_pages"] == 3 + 3 + 2 and moved["load_failed_pages"] == 3
     assert b2a["stats"]["metrics"]["integrity_errors"] == 1
     assert "Traceback" not in b2a["stderr"]
+
+
+def test_tensor_parallel_ranks_share_pages_of_their_tp_size_only(runs: dict[str, Any]) -> None:
+    """Keys carry the tensor-parallel rank and size: a TP=2 engine finds none of A's TP=1 pages
+    of the same model, stores its own (one per rank) and loads them when the prompt comes again
+    (vLLM's prefix cache is off: every cached token is from the store)."""
+    results = runs["tp2"]["results"]
+    assert [r["num_cached_tokens"] for r in results] == [0, 6 * BLOCK]
+    assert results[1]["token_ids"] == results[0]["token_ids"]
+    assert "Traceback" not in runs["tp2"]["stderr"]

@@ -24,7 +24,8 @@ def test_two_processes_share_a_mooncake_store(
 ) -> None:
     cfg = {"backend": "mooncake", "options": mooncake_standalone.options(load_env=False)}
     model = str(tiny_models[0])
-    a = run_engine({"model": model, "prompts": PROMPTS, "connector": cfg})
+    # A saves on the save thread (async_save), B loads in the default (synchronous) mode
+    a = run_engine({"model": model, "prompts": PROMPTS, "connector": {**cfg, "async_save": True}})
     b = run_engine({"model": model, "prompts": PROMPTS, "connector": cfg})
     assert [r["num_cached_tokens"] for r in a["results"]] == [0, 0]
     assert a["stats"]["transfers"]["save_pages"] == 12

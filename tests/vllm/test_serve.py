@@ -43,7 +43,12 @@ def test_vllm_serve_with_kv_transfer_config(tiny_models: list[Path], tmp_path: P
         "kv_connector": "HiCacheConnector",
         "kv_connector_module_path": "hicache_vllm",
         "kv_role": "kv_both",
-        "kv_connector_extra_config": {"backend": "file", "options": {"root": str(tmp_path / "store")}},
+        # saves on the save thread, loads in the default (synchronous) mode
+        "kv_connector_extra_config": {
+            "backend": "file",
+            "options": {"root": str(tmp_path / "store")},
+            "async_save": True,
+        },
     }
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_HOST_IP": "127.0.0.1"}
     log = (tmp_path / "serve.log").open("w")
@@ -95,6 +100,13 @@ def test_vllm_serve_with_kv_transfer_config(tiny_models: list[Path], tmp_path: P
             time.sleep(1)
         body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
         first = _post(base + "/v1/completions", body)
+        # the saves run on the save thread and may end after the response: wait for the 6 pages
+        pages: list[Path] = []
+        deadline = time.monotonic() + 60
+        while len(pages) < 6 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pages = [p for p in (tmp_path / "store").rglob("*.kv.*") if p.is_file()]
+        assert len(pages) == 6, f"pages stored after the first request: {pages}"
         second = _post(base + "/v1/completions", body)
     finally:
         if proc.poll() is None:

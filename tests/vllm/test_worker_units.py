@@ -58,6 +58,27 @@ def test_save_then_load_moves_the_engine_blocks_in_place(tmp_path: Path) -> None
     w.close()
 
 
+def test_a_steps_saves_are_one_transfer_each_page_once(tmp_path: Path) -> None:
+    buf, kv = _kv()
+    w = _worker(tmp_path)
+    w.register(kv)
+    assert w.path is not None
+    puts: list[int] = []
+    put = w.path.put
+    w.path.put = lambda req, plans: puts.append(len(req.hashes)) or put(req, plans)  # type: ignore[method-assign]
+    # two requests of one step share their first 3 pages (same hashes, other blocks)
+    w.save([PageOp("r1", HASHES[:3], [1, 2, 3]), PageOp("r2", HASHES, [4, 5, 6, 7])])
+    assert puts == [4] and w.stats.save_pages == 4
+    rbuf, rkv = _kv()
+    reader = _worker(tmp_path)
+    reader.register(rkv)
+    reader.load([PageOp("x", HASHES, [0, 1, 2, 3])])
+    assert not reader.load_errors()
+    assert torch.equal(rbuf[:, 0:3], buf[:, 1:4]) and torch.equal(rbuf[:, 3], buf[:, 7])
+    reader.close()
+    w.close()
+
+
 def test_failed_loads_are_reported_and_never_saved_in_that_step(tmp_path: Path) -> None:
     buf, kv = _kv()
     w = _worker(tmp_path)
@@ -65,6 +86,7 @@ def test_failed_loads_are_reported_and_never_saved_in_that_step(tmp_path: Path) 
     w.save([PageOp("r", HASHES[:2], [1, 2])])  # pages 2 and 3 are not stored
     w.load([PageOp("r", HASHES, [4, 5, 6, 7])])
     assert w.load_errors() == {6, 7} and w.load_errors() == set()
+    assert w.short_loads() == {"r": 2} and w.short_loads() == {}  # its good leading pages
     assert w.stats.load_failed_pages == 2
     w.save([PageOp("r", HASHES, [4, 5, 6, 7])])  # same step: blocks 6, 7 hold no valid KV
     reader = _worker(tmp_path)

@@ -84,6 +84,7 @@ class WorkerSide:
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="hicache-vllm-load") if async_load else None
         self._loading: dict[str, Future[None]] = {}
         self._failed_reqs: dict[str, int] = {}
+        self._short_loads: dict[str, int] = {}  # synchronous loads that failed in part
 
     # --------------------------------------------------------------- set-up
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
@@ -144,6 +145,7 @@ class WorkerSide:
                     failed = op.block_ids[good:]
                     with self._lock:
                         self._errors.update(failed)
+                        self._short_loads[op.req_id] = good
                     self._failed_step.update(failed)
 
     def _load_checked(self, op: PageOp) -> int:
@@ -230,42 +232,61 @@ class WorkerSide:
             out, self._errors = self._errors, set()
         return out
 
+    def short_loads(self) -> dict[str, int]:
+        """Synchronous loads that failed in part since the last call: request id -> leading
+        pages that were good (the scheduler reports only those as cached)."""
+        with self._lock:
+            out, self._short_loads = self._short_loads, {}
+        return out
+
     # ---------------------------------------------------------------- saves
     def save(self, ops: Sequence[PageOp]) -> None:
-        """Write the pages of ``ops`` (skipping stored ones): now, or on the save thread."""
-        for op in ops:
-            if self._saver is not None:
-                with self._lock:  # the scheduler waits for this request's report (get_finished)
-                    self._pending.setdefault(op.req_id, [])
-            if self._failed_step:
-                bad = [i for i, b in enumerate(op.block_ids) if b in self._failed_step]
-                if bad:
-                    op = PageOp(op.req_id, op.hashes[: bad[0]], op.block_ids[: bad[0]])
-            if not op.hashes:
-                continue
-            if self._saver is None:
-                self._save_one(op)
-            else:
-                fut = self._saver.submit(self._save_one, op)
-                with self._lock:
-                    self._pending.setdefault(op.req_id, []).append(fut)
+        """Write the pages of ``ops`` (skipping stored ones): now, or on the save thread.
 
-    def _save_one(self, op: PageOp) -> None:
+        A step's saves are one transfer: every request's pages in one ``put`` (a page two
+        requests of the step hold, same hash in two blocks, is written once, from the first)."""
+        hashes: list[str] = []
+        blocks: list[int] = []
+        seen: set[str] = set()
+        req_ids: list[str] = []
+        for op in ops:
+            req_ids.append(op.req_id)
+            stop = len(op.hashes)
+            if self._failed_step:
+                stop = next((i for i, b in enumerate(op.block_ids) if b in self._failed_step), stop)
+            for h, b in zip(op.hashes[:stop], op.block_ids[:stop]):
+                if h not in seen:
+                    seen.add(h)
+                    hashes.append(h)
+                    blocks.append(b)
+        what = f"request {req_ids[0]}" if len(req_ids) == 1 else f"{len(req_ids)} requests"
+        if self._saver is None:
+            if hashes:
+                self._save_one(hashes, blocks, what)
+            return
+        fut = self._saver.submit(self._save_one, hashes, blocks, what) if hashes else None
+        with self._lock:  # the scheduler waits for these requests' reports (get_finished)
+            for req_id in req_ids:
+                pending = self._pending.setdefault(req_id, [])
+                if fut is not None:
+                    pending.append(fut)
+
+    def _save_one(self, hashes: list[str], blocks: list[int], what: str) -> None:
         path, pool = self.path, self.pool
         if path is None or pool is None:
             return
         t0 = time.perf_counter()
         try:
-            plan = Plan(PoolName.KV, pool, list(range(len(op.hashes))), list(op.block_ids))
-            flags, _ = path.put(Request(op.hashes), [plan])
+            plan = Plan(PoolName.KV, pool, list(range(len(hashes))), blocks)
+            flags, _ = path.put(Request(hashes), [plan])
             done = sum(flags[PoolName.KV])
         except Exception as err:
-            log.error("hicache-vllm: save of request %s failed: %s: %s", op.req_id, type(err).__name__, err)
+            log.error("hicache-vllm: save of %s failed: %s: %s", what, type(err).__name__, err)
             done = 0
         self.stats.save_s += time.perf_counter() - t0
         self.stats.save_pages += done
         self.stats.save_bytes += done * pool.page_nbytes
-        self.stats.save_failed_pages += len(op.hashes) - done
+        self.stats.save_failed_pages += len(hashes) - done
 
     def finished_saves(self, finished_req_ids: set[str]) -> set[str]:
         """Of the requests vLLM finished (now or before) that were sent saves, those whose saves

@@ -16,7 +16,11 @@ tensor-parallel rank 0's pages.
 A hicache store is a cache: a page that fails to load is recomputed. The connector therefore
 runs vLLM with ``kv_load_failure_policy="recompute"`` (it sets it, with a log line, when the
 config says ``"fail"``): failed blocks are reported through ``get_block_ids_with_load_errors``
-and vLLM recomputes them instead of failing the request.
+and vLLM recomputes them instead of failing the request. vLLM records a request's cached tokens
+(``num_cached_tokens``) when it admits it, before a synchronous load runs; the worker sends the
+good leading pages of a load that failed in part back with the step's output, and the scheduler
+side corrects the request's prefill statistics (``Request.prefill_stats``, not a connector API:
+on a vLLM without it the claim stays) before its first token reports them.
 
 With ``async_load`` the scheduler answers ``(tokens, True)``: vLLM allocates the request's
 blocks, keeps it out of the batch, and the worker loads its pages on a background thread,
@@ -176,7 +180,8 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
         self.scheduler: SchedulerSide | None = None
         self.worker: WorkerSide | None = None
         self._saving: set[str] = set()  # requests with saves sent (async_save)
-        self._failed_loads: dict[str, int] = {}  # worker: failed async loads not yet sent back
+        self._failed_loads: dict[str, int] = {}  # worker: failed loads not yet sent back
+        self._sync_loading: dict[str, Request] = {}  # scheduler: requests granted a synchronous load
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = _scheduler_side(self.settings, self.page)
         else:
@@ -221,6 +226,8 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
             async_blocks = None
             if self.settings.async_load and num_external_tokens > 0:
                 async_blocks = list(blocks.get_block_ids()[0])
+            elif num_external_tokens > 0:
+                self._sync_loading[request.request_id] = request
             self.scheduler.after_alloc(request.request_id, prompt, num_external_tokens, async_blocks)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -255,8 +262,28 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
         if self.scheduler is not None and isinstance(meta, HiCacheWorkerMetadata):
             for req_id, good in meta.loaded_pages.items():
                 self.scheduler.load_failed(req_id, good)
+                request = self._sync_loading.get(req_id)
+                if request is not None:
+                    self._report_cached(request, good * self.page.block_size)
+
+    @staticmethod
+    def _report_cached(request: Request, loaded_tokens: int) -> None:
+        """A synchronous load of ``request`` gave only ``loaded_tokens`` of the tokens claimed:
+        vLLM recorded the claim in the request's prefill statistics when it admitted it (its
+        ``num_cached_tokens``), and the failed step emits no token, so the statistics are
+        corrected before the request's first token reports them."""
+        stats = getattr(request, "prefill_stats", None)
+        if stats is None or not hasattr(stats, "set"):
+            return  # first token already reported, or another vLLM: the claim stays
+        if loaded_tokens < stats.num_external_cached_tokens:
+            stats.set(
+                num_prompt_tokens=stats.num_prompt_tokens,
+                num_local_cached_tokens=stats.num_local_cached_tokens,
+                num_external_cached_tokens=loaded_tokens,
+            )
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self._sync_loading.pop(request.request_id, None)
         if self.scheduler is not None:
             self.scheduler.finished(request.request_id)
         if request.request_id in self._saving:
@@ -322,6 +349,8 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
         return results
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        if self.worker is not None:
+            self._failed_loads.update(self.worker.short_loads())
         if not self._failed_loads:
             return None
         meta, self._failed_loads = HiCacheWorkerMetadata(self._failed_loads), {}
