@@ -1,5 +1,5 @@
 """The nixl backend beyond the conformance suite: options, install and credential errors, the
-zero-copy and O_DIRECT paths, engine choice, path safety, temp clean-up, per-page failures."""
+zero-copy and O_DIRECT paths, engine choice, path safety, orphan clean-up, per-page failures."""
 
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def test_o_direct_is_used_for_aligned_pages(tmp_path: Path, monkeypatch: pytest.
         assert ctl.prefetch(hashes, range(4)).pages == 4
         monkeypatch.undo()
         assert all(matches(pool, i, h) for i, h in enumerate(hashes))
-    assert sum(1 for f in flags if f & os.O_DIRECT) >= 16  # 8 component files written, 8 read
+    assert sum(1 for f in flags if f & os.O_DIRECT) >= 2  # the batch's segment, written then read
 
 
 def test_uring_refused_falls_back_to_aio_and_says_so(
@@ -174,51 +174,44 @@ def test_uring_and_aio_store_the_same_files(tmp_path: Path) -> None:
 
 
 # ---------------------------------------------------------------------- path safety
-def _shard(key: str) -> str:
-    return f"{xxhash.xxh3_64_intdigest(key.encode()) & 0xFF:02x}"
-
-
-def test_a_symlinked_shard_is_never_followed(tmp_path: Path) -> None:
+def test_symlinks_below_the_root_are_never_followed(tmp_path: Path) -> None:
     root, outside = tmp_path / "root", tmp_path / "outside"
     outside.mkdir()
     pool = kv_pool(4)
     hashes = [hex_hash("link", i) for i in range(4)]
     with controller({"root": str(root)}, pool) as ctl:
-        keys = ctl.store.page_keys(PoolName.KV, hashes)
-        (root / _shard(keys[0][0])).rmdir()  # made empty at open: swap it for a symlink
-        (root / _shard(keys[0][0])).symlink_to(outside, target_is_directory=True)
+        for s in range(256):  # made empty at open: swap every shard for a symlink
+            (root / f"{s:02x}").rmdir()
+            (root / f"{s:02x}").symlink_to(outside, target_is_directory=True)
         fill(pool, list(range(4)), hashes)
-        flags = ctl.store.batch_io_v1(
-            IoOp.SET,
-            [k for page in keys for k in page],
-            [v for p in pool.page_views(range(4)) for v in p],
-            PoolName.KV,
-        )
-        assert flags[0] is False and all(flags[2:])  # that page fails alone (page 0's k)
+        assert ctl.backup(hashes, range(4)).pages == 0  # the batch fails, nothing is written there
         assert list(outside.iterdir()) == []
-    assert (root / _shard(keys[0][0])).is_symlink()
+    (tmp_path / "root2").mkdir()
+    (tmp_path / "root2" / "index.log").symlink_to(outside / "log")
+    with pytest.raises(BackendIOError, match=r"index\.log cannot be opened"):
+        hc.open_store(StorageConfig(backend="nixl", options={"root": str(tmp_path / "root2")}))
+    assert list(outside.iterdir()) == []
 
 
-def test_temp_files_of_dead_writers_are_removed_at_open(tmp_path: Path) -> None:
+def test_segments_of_dead_writers_are_removed_at_open(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    (root / "~tmp").mkdir(parents=True)
+    hc.open_store(StorageConfig(backend="nixl", options={"root": str(root)})).close()
     host = xxhash.xxh3_64_hexdigest(socket.gethostname().encode())[:8]
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    (root / "~tmp" / f"{host}-{dead.pid}-1-1").write_bytes(b"partial")
-    (root / "~tmp" / f"{host}-{os.getpid()}-1-1").write_bytes(b"live writer")
+    (root / "00" / f"{host}-{dead.pid}-0badf00d-1").write_bytes(b"no record names it")
+    (root / "00" / f"{host}-{os.getpid()}-0badf00d-1").write_bytes(b"live writer")
     hc.open_store(StorageConfig(backend="nixl", options={"root": str(root)})).close()
-    assert sorted(p.name for p in (root / "~tmp").iterdir()) == [f"{host}-{os.getpid()}-1-1"]
+    assert sorted(p.name for p in (root / "00").iterdir()) == [f"{host}-{os.getpid()}-0badf00d-1"]
 
 
 # -------------------------------------------------------------------- per-page failure
 def test_a_failed_transfer_is_reported_per_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = _agent.Agent.transfer
-    bad: set[int] = set()
+    bad: list[int] = []
 
     def flaky(self: Any, op: str, local: Any, remote: Any, mem: str, keep: Any = None) -> bool:
-        fds = {r[2] for r in remote}
-        if len(fds) > 1 or fds & bad:  # the batch fails, then the page whose file is `bad`
+        if any(a <= bad[0] < a + n for a, n, _ in local):  # the batch, then that component alone
             return False
         return real(self, op, local, remote, mem, keep)
 
@@ -228,23 +221,16 @@ def test_a_failed_transfer_is_reported_per_page(tmp_path: Path, monkeypatch: pyt
         fill(pool, list(range(4)), hashes)
         keys = [k for page in ctl.store.page_keys(PoolName.KV, hashes) for k in page]
         views = [v for p in pool.page_views(range(4)) for v in p]
-        real_open = os.open
-
-        def mark_third(path: Any, flag: int, *a: Any, **kw: Any) -> int:
-            fd = real_open(path, flag, *a, **kw)
-            if flag & os.O_CREAT or flag & os.O_TMPFILE == os.O_TMPFILE:  # each component's new file
-                if len(opened) == 2:
-                    bad.add(fd)
-                opened.append(fd)
-            return fd
-
-        opened: list[int] = []
+        bad.append(views[2].data_ptr())  # page 1's k
         monkeypatch.setattr(_agent.Agent, "transfer", flaky)
-        monkeypatch.setattr(os, "open", mark_third)
         flags = ctl.store.batch_io_v1(IoOp.SET, keys, views, PoolName.KV)
         monkeypatch.undo()
         assert flags == [True, True, False, True, True, True, True, True]
         assert ctl.store.batch_io_v1(IoOp.EXISTS, keys, None, PoolName.KV) == flags
+        for b in pool.buffers():
+            b.zero_()
+        assert ctl.store.batch_io_v1(IoOp.GET, keys, views, PoolName.KV) == flags
+        assert matches(pool, 0, hashes[0]) and matches(pool, 3, hashes[3])
 
 
 # ------------------------------------------------------------------------- listeners
@@ -269,3 +255,21 @@ def test_a_posix_store_opens_no_socket(tmp_path: Path) -> None:
         fill(pool, [0, 1], hashes)
         assert ctl.backup(hashes, [0, 1]).pages == 2
         assert _socket_inodes() == before
+
+
+# ------------------------------------------------------------------------ index log
+def test_index_log_skips_damage_and_waits_for_an_unfinished_tail() -> None:
+    from hicache_nixl import _index as ix
+
+    recs = [ix.pack(ix.PUT, f"seg-{i}", [ix.Entry(f"ns.k{i}", 0, 10, i)]) for i in range(3)]
+    damaged = bytearray(recs[1])
+    damaged[40] ^= 1
+    log = recs[0] + bytes(damaged) + recs[2]
+    used, skipped, got = ix.parse(log)
+    assert [r.name for r in got] == ["seg-0", "seg-2"]  # the damaged record alone is lost
+    assert (used, skipped) == (len(log), len(recs[1]))
+    # a record still being appended (or torn by a killed writer) with nothing after it: not consumed
+    used, skipped, got = ix.parse(recs[0] + recs[1][:-100])
+    assert [r.name for r in got] == ["seg-0"] and (used, skipped) == (len(recs[0]), 0)
+    clear = ix.pack(ix.CLEAR, "ns")
+    assert [(r.kind, r.name, r.entries) for r in ix.parse(clear)[2]] == [(ix.CLEAR, "ns", [])]

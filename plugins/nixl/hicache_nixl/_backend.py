@@ -8,8 +8,9 @@
   is not registered (a staged store's own buffers) goes through a buffer registered for the
   call. The OBJ plugin writes whole objects only, so its pages are copied through a staging
   buffer next to their header (``_obj``); it narrows ``zero_copy`` off.
-* Every batch is one NIXL transfer; when NIXL reports it failed, each page is retried alone
-  (POSIX) or checked for existence (OBJ), so a failure is reported per page.
+* Every batch is one NIXL transfer (POSIX: into one new segment, published by one index record);
+  when NIXL reports it failed, each page component is retried alone (POSIX) or checked for
+  existence (OBJ), so a failure is reported per page.
 """
 
 from __future__ import annotations

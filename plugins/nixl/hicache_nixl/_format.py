@@ -1,4 +1,5 @@
-"""The stored object: a 4 KiB header, then the page component's bytes.
+"""The object of the OBJ plugin: a 4 KiB header, then the page component's bytes (and helpers
+shared with the POSIX side: ``digest``, ``aligned_empty``).
 
 Header (little-endian): magic ``HCNIXL01`` (8 bytes), payload length (u64), xxh3_64 of the
 payload (u64), key length (u16), the key (ASCII), then xxh3_64 of everything before it (u64);
@@ -32,6 +33,7 @@ MAGIC = b"HCNIXL01"
 HEADER = 4096
 _FIXED = struct.Struct("<8sQQH")
 _SUM = struct.Struct("<Q")
+_EMPTY = xxhash.xxh3_64_intdigest(b"")
 
 
 def aligned_empty(nbytes: int, align: int = HEADER) -> np.ndarray:
@@ -48,6 +50,9 @@ def memory(addr: int, nbytes: int) -> np.ndarray:
 
 def digest(segments: Sequence[tuple[int, int]]) -> int:
     """xxh3_64 of the concatenated memory ``segments`` (read in place, not copied)."""
+    if len(segments) == 1:  # a page_first component: one call, no hasher object
+        addr, n = segments[0]
+        return xxhash.xxh3_64_intdigest((ctypes.c_ubyte * n).from_address(addr)) if n else _EMPTY
     h = xxhash.xxh3_64()
     for addr, n in segments:
         if n:

@@ -33,12 +33,13 @@ class NixlOptions(BaseModel):
     ``plugin``: the NIXL plugin pages move through: ``"posix"`` (files under ``root``) or
     ``"obj"`` (objects in an S3-compatible store).
 
-    posix: ``root`` is the directory holding one file per key (created if missing; resolved
-    once at open, nothing below it is reached through a symlink); ``o_direct`` opens the files
-    with ``O_DIRECT`` when every address, offset and length of a page is 4 KiB-aligned (others
-    use the page cache); ``engine`` is NIXL's POSIX queue: ``"aio"`` (Linux AIO) or
+    posix: ``root`` is the directory holding the index log and the segments (created if
+    missing; resolved once at open, nothing below it is reached through a symlink); ``o_direct``
+    opens a segment with ``O_DIRECT`` when every address and length of the components it holds
+    is 4 KiB-aligned (others use the page cache); ``engine`` is NIXL's POSIX queue: ``"aio"`` (Linux AIO) or
     ``"uring"`` (io_uring, with a logged fallback to ``aio`` when the kernel refuses it);
-    ``fsync``: fsync each file and its directory before a page is reported stored.
+    ``fsync``: fsync the segment, its directory and the index log before a page is reported
+    stored.
 
     obj: ``endpoint`` is the store's URL (``http://127.0.0.1:9000``; ``None``: AWS S3 of
     ``region``); ``bucket`` must exist; ``prefix`` is prepended to every object name; the
@@ -53,7 +54,7 @@ class NixlOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     plugin: Literal["posix", "obj"] = Field("posix", description="NIXL plugin: posix (files) or obj (S3)")
-    root: str | None = Field(None, description="posix: directory holding one file per key")
+    root: str | None = Field(None, description="posix: directory holding the index log and segments")
     o_direct: bool = Field(False, description="posix: O_DIRECT for 4 KiB-aligned pages")
     engine: Literal["aio", "uring"] = Field("aio", description="posix: NIXL POSIX queue (aio or io_uring)")
     fsync: bool = Field(False, description="posix: fsync files and directories before reporting success")
