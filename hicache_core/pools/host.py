@@ -20,7 +20,9 @@ the argument. A ``dtype`` may be a ``torch.dtype`` or its name: ``"bfloat16"``,
 
 from __future__ import annotations
 
+import ctypes
 import math
+import mmap
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -52,9 +54,49 @@ Allocator = Callable[[int], torch.Tensor]
 ALIGN = 64  # component buffers carved from one region start on a cache line
 
 
+IO_ALIGN = 4096
+"""The default allocator's regions start on this boundary: ``O_DIRECT`` needs block-aligned
+memory, so a page view whose offset and size are multiples of it moves between the pool and the
+disk with no staging copy (torch's own CPU memory is only 64-byte aligned)."""
+
+HUGE_PAGE = 2 << 20
+"""Regions of at least this size start on this boundary and are advised ``MADV_HUGEPAGE`` before
+they are first touched: with transparent huge pages in ``madvise`` mode (a common default) they
+are otherwise backed by 4 KiB pages, and ``O_DIRECT`` into them pins every 4 KiB page per I/O,
+which made zero-copy reads slower than a copy through a small reused buffer. The price: the
+kernel may compact memory to find huge pages, so a multi-GiB pool can take a few seconds longer
+to allocate (``benchmarks/README.md``)."""
+
+
+def _find_madvise() -> Callable[[int, int], object] | None:
+    """``madvise(addr, nbytes, MADV_HUGEPAGE)`` through libc, or ``None`` where it is missing."""
+    advice = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+    if advice is None:
+        return None
+    try:
+        fn = ctypes.CDLL(None).madvise
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return lambda addr, nbytes: fn(addr, nbytes, advice)
+
+
+_madvise_huge = _find_madvise()
+
+
 def torch_allocator(nbytes: int) -> torch.Tensor:
-    """The default allocator: zeroed, plain torch CPU memory."""
-    return torch.zeros(nbytes, dtype=torch.uint8)
+    """The default allocator: zeroed, plain torch CPU memory starting on an ``IO_ALIGN``
+    boundary; a region of ``HUGE_PAGE`` bytes or more starts on a ``HUGE_PAGE`` boundary and is
+    advised to use transparent huge pages."""
+    align = HUGE_PAGE if nbytes >= HUGE_PAGE else IO_ALIGN
+    raw = torch.empty(nbytes + align - 1, dtype=torch.uint8)
+    start = -raw.data_ptr() % align
+    region = raw[start : start + nbytes]
+    if align == HUGE_PAGE and _madvise_huge is not None:
+        # before the first touch (zero_); if refused, ordinary pages: only slower
+        _madvise_huge(region.data_ptr(), nbytes)
+    return region.zero_()
 
 
 @dataclass(frozen=True)
