@@ -383,6 +383,9 @@ DISK_SIZES = (256 * KIB, 2048 * KIB)
 # pages per object size: (quick, full); a round moves 32 MiB (quick) or 128 MiB (full) each way
 DISK_PAGES = {256 * KIB: (64, 256), 2048 * KIB: (8, 32)}
 LAYOUTS = ("files", "segments")
+# information: segments with direct_io true (O_DIRECT reads even of cached pages) against the default
+# "auto"; with fsync both write O_DIRECT, so this shows what the page-cache check costs
+DISK_WHO = (*LAYOUTS, "segments-dio")
 TARGET_COLD, TARGET_DURABLE = 0.9, 0.8
 ALIGN = 4096
 
@@ -507,13 +510,16 @@ class _DiskCase:
     def _verify(self, what: str) -> None:
         _check(all(torch.equal(a, b) for a, b in zip(self.ref, self.pool.buffers())), what)
 
-    def hicache(self, layout: str) -> None:
+    def hicache(self, who: str) -> None:
+        layout = who.removesuffix("-dio")
         self.seq += 1
         start = self.seq * 1_000_000
         first = page_hashes(list(range(start, start + self.pages * 4)), 4)
         hashes = page_hashes(list(range(start + 500_000, start + 500_000 + self.pages * 4)), 4)
         root = tempfile.mkdtemp(prefix=f"hc-{layout}-", dir=self.base)
         opts = {"root": root, "layout": layout, "fsync": True, "io_threads": self.threads}
+        if who != layout:
+            opts["direct_io"] = True
         cfg = StorageConfig(backend="file", options=opts, model_name=f"disk-{self.obj_bytes}")
         try:
             with CacheController(cfg, self.pool) as ctl:
@@ -533,10 +539,10 @@ class _DiskCase:
                         tr = _timed(
                             lambda: _check(ctl.prefetch(hashes, self.idx).pages == self.pages, "prefetch")
                         )
-                    self._verify(f"hicache {layout} {phase} bytes")
-                    self._record(layout, phase, tr)
-                self._record(layout, "durable", tw)
-                self._record(layout, "durable_fresh", tf)
+                    self._verify(f"hicache {who} {phase} bytes")
+                    self._record(who, phase, tr)
+                self._record(who, "durable", tw)
+                self._record(who, "durable_fresh", tf)
         finally:
             _release(root)
 
@@ -559,7 +565,7 @@ class _DiskCase:
         t_end = time.perf_counter() + budget_s
         while self.reps < max_reps and (self.reps < min_reps or time.perf_counter() < t_end):
             self.reps += 1
-            order = ["raw", *LAYOUTS]
+            order = ["raw", *DISK_WHO]
             rng.shuffle(order)
             for who in order:
                 self.raw() if who == "raw" else self.hicache(who)
@@ -567,7 +573,7 @@ class _DiskCase:
     def rows(self) -> list[dict[str, Any]]:
         out = []
         raw_w, raw_r = self.times[("raw", "durable")], self.times[("raw", "cold")]
-        for layout in LAYOUTS:
+        for layout in DISK_WHO:
             row: dict[str, Any] = {"object_kib": self.obj_bytes // KIB, "layout": layout, "rounds": self.reps}
             for phase, raw in (
                 ("durable", raw_w),
@@ -578,6 +584,9 @@ class _DiskCase:
                 ts = self.times[(layout, phase)]
                 row[f"{phase}_gbps"] = self.nbytes / statistics.median(ts) / 1e9
                 row[f"{phase}_vs_raw_limit"] = statistics.median(r / t for r, t in zip(raw, ts))
+                if layout == "segments":  # paired speed against direct_io true (information)
+                    dio = self.times[("segments-dio", phase)]
+                    row[f"{phase}_vs_direct_io_true"] = statistics.median(d / t for d, t in zip(dio, ts))
             out.append(row)
         out.append(
             {
@@ -676,19 +685,19 @@ def _table(res: dict[str, Any]) -> str:
         "root already holds one backup, shown as 'fresh root'); ratio = median paired ratio to the raw limit: "
         "O_DIRECT sequential write of one preallocated file + fdatasync, O_DIRECT preadv at depth 1 or 4, "
         "whichever is faster, page cache dropped before every cold read)",
-        f"{'object':>8} {'layout':>10} {'durable GB/s':>13} {'ratio':>6} {'cold GB/s':>10} {'ratio':>6} "
+        f"{'object':>8} {'layout':>12} {'durable GB/s':>13} {'ratio':>6} {'cold GB/s':>10} {'ratio':>6} "
         f"{'warm GB/s':>10} {'ratio':>6} {'fresh root':>10} {'ratio':>6}",
     ]
     for r in cold["cases"]:
         if r["layout"] == "raw limit":
             lines.append(
-                f"{r['object_kib']:>5}KiB {'raw limit':>10} {r['durable_gbps']:>13.2f} {'':>6} "
+                f"{r['object_kib']:>5}KiB {'raw limit':>12} {r['durable_gbps']:>13.2f} {'':>6} "
                 f"{r['cold_gbps']:>10.2f} {'':>6}   (read depth 1: {r['read_d1_gbps']:.2f}, depth 4: "
                 f"{r['read_d4_gbps']:.2f})"
             )
             continue
         lines.append(
-            f"{r['object_kib']:>5}KiB {r['layout']:>10} {r['durable_gbps']:>13.2f} {r['durable_vs_raw_limit']:>6.2f} "
+            f"{r['object_kib']:>5}KiB {r['layout']:>12} {r['durable_gbps']:>13.2f} {r['durable_vs_raw_limit']:>6.2f} "
             f"{r['cold_gbps']:>10.2f} {r['cold_vs_raw_limit']:>6.2f} {r['warm_gbps']:>10.2f} "
             f"{r['warm_vs_raw_limit']:>6.2f} {r['durable_fresh_gbps']:>10.2f} {r['durable_fresh_vs_raw_limit']:>6.2f}"
         )
@@ -700,6 +709,13 @@ def _table(res: dict[str, Any]) -> str:
     lines.append(
         f"durable backup into a fresh root (segments, worst case): {durable['fresh_root_ratio']:.3f} (information)"
     )
+    for r in cold["cases"]:
+        if r["layout"] == "segments":
+            lines.append(
+                f"{r['object_kib']:>5}KiB segments (direct_io auto) vs segments-dio (direct_io true), paired "
+                f"speed: durable {r['durable_vs_direct_io_true']:.3f}, cold {r['cold_vs_direct_io_true']:.3f}, "
+                f"warm {r['warm_vs_direct_io_true']:.3f} (information)"
+            )
     return "\n".join(lines)
 
 

@@ -25,7 +25,17 @@ from .errors import (
     PoolError,
 )
 from .hookspecs import hookimpl, hookspec
-from .types import Capabilities, DraftIo, DraftIoMode, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
+from .types import (
+    Capabilities,
+    DraftIo,
+    DraftIoMode,
+    HitPolicy,
+    IoOp,
+    Layout,
+    PageKeys,
+    PoolName,
+    PoolTransfer,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import ControllerSettings, PrefetchPolicy, StorageConfig, load_config
@@ -120,6 +130,7 @@ __all__ = [
     "MambaPool",
     "OperationNotSupportedError",
     "OptionsError",
+    "PageKeys",
     "PoolError",
     "PoolName",
     "PoolTransfer",

@@ -24,6 +24,7 @@ __all__ = [
     "HitPolicy",
     "IoOp",
     "Layout",
+    "PageKeys",
     "PoolName",
     "PoolTransfer",
 ]
@@ -176,6 +177,25 @@ _FLAGS = ("v1", "v2", "zero_copy", "persistent", "shared", "set_skips_existing")
 IndexLike = Union[Sequence[int], "torch.Tensor"]
 
 
+class PageKeys(tuple[tuple[str, ...], ...]):
+    """Per page, the tuple of its component storage keys (``keys[i][c]``: component ``c`` of page
+    ``i``): a tuple whose every row is an exact ``tuple``, checked once when built (rows given as
+    lists or other sequences are converted). ``Store.page_keys`` returns one, and a
+    :class:`PoolTransfer` given one keeps it without checking its rows again."""
+
+    __slots__ = ()
+
+    def __new__(cls, rows: Iterable[Sequence[str]] = ()) -> PageKeys:
+        if type(rows) is PageKeys:
+            return rows
+        out = tuple.__new__(
+            cls, rows if type(rows) is list or type(rows) is tuple else _as_tuple(rows, "keys")
+        )
+        if countOf(map(type, out), tuple) != len(out):
+            out = tuple.__new__(cls, [_as_tuple(k, "keys[i]") for k in out])
+        return out
+
+
 @dataclass(frozen=True)
 class PoolTransfer:
     """One pool's share of a v2 batch.
@@ -191,31 +211,31 @@ class PoolTransfer:
     host_indices: tuple[int, ...]
     page_hashes: tuple[str, ...]
     hit_policy: HitPolicy = HitPolicy.ALL_PAGES
-    keys: tuple[tuple[str, ...], ...] = field(default=())
+    keys: tuple[tuple[str, ...], ...] = field(default=PageKeys())
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "pool", PoolName(self.pool))
-        except (ValueError, TypeError):
-            raise PoolError(
-                f"PoolTransfer: unknown pool {self.pool!r:.80}; known pools: {[p.value for p in PoolName]}"
-            ) from None
-        try:
-            object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
-        except (ValueError, TypeError):
-            raise BatchShapeError(
-                f"PoolTransfer: hit_policy must be one of {[h.value for h in HitPolicy]}, "
-                f"got {self.hit_policy!r:.80}"
-            ) from None
-        object.__setattr__(self, "host_indices", _as_int_tuple(self.host_indices))
+        if type(self.pool) is not PoolName:
+            try:
+                object.__setattr__(self, "pool", PoolName(self.pool))
+            except (ValueError, TypeError):
+                raise PoolError(
+                    f"PoolTransfer: unknown pool {self.pool!r:.80}; known pools: {[p.value for p in PoolName]}"
+                ) from None
+        if type(self.hit_policy) is not HitPolicy:
+            try:
+                object.__setattr__(self, "hit_policy", HitPolicy(self.hit_policy))
+            except (ValueError, TypeError):
+                raise BatchShapeError(
+                    f"PoolTransfer: hit_policy must be one of {[h.value for h in HitPolicy]}, "
+                    f"got {self.hit_policy!r:.80}"
+                ) from None
+        indices = self.host_indices
+        if type(indices) is not tuple or countOf(map(type, indices), int) != len(indices):
+            object.__setattr__(self, "host_indices", _as_int_tuple(indices))
         if type(self.page_hashes) is not tuple:
             object.__setattr__(self, "page_hashes", _as_tuple(self.page_hashes, "page_hashes"))
-        keys = self.keys
-        if type(keys) is not tuple or countOf(map(type, keys), tuple) != len(keys):
-            rows = _as_tuple(keys, "keys")
-            if countOf(map(type, rows), tuple) != len(rows):
-                rows = tuple(_as_tuple(k, "keys[i]") for k in rows)
-            object.__setattr__(self, "keys", rows)
+        if type(self.keys) is not PageKeys:
+            object.__setattr__(self, "keys", PageKeys(self.keys))
         n = len(self.page_hashes)
         if len(self.host_indices) != n:
             raise BatchShapeError(
@@ -234,6 +254,8 @@ class PoolTransfer:
 def _as_tuple(values: object, what: str) -> tuple[Any, ...]:
     """``tuple(values)`` for a sequence; :class:`ArgumentTypeError` naming ``what`` otherwise (a
     single string, or something that is not iterable)."""
+    if type(values) is tuple or type(values) is list:
+        return tuple(values)
     if not isinstance(values, (str, bytes)) and isinstance(values, Iterable):
         try:
             return tuple(values)

@@ -22,10 +22,10 @@
  *   are hashed, so Python code run by an item's __index__ (which may mutate the list) can only
  *   cause an error, never an out-of-bounds read. The list's length is checked again at the end.
  * - Buffers are read through a Py_buffer view held for the whole call, after checking ndim,
- *   shape, itemsize, format and length. For inputs of NOGIL_MIN_BYTES or more the GIL is
- *   released only while hashing that view or the call's own copy of a list's words, and
- *   writing digests to memory the call owns. Smaller inputs are hashed with the GIL held (each
- *   page's str is made while the next page is hashed), reading the same view or copy.
+ *   shape, itemsize, format and length. Pages are hashed with the GIL held (each page's str is
+ *   made while the next page is hashed), and after every YIELD_BYTES of input the GIL is
+ *   released and taken back, so a thread waiting for it gets its turn as it would from Python
+ *   code. Only the view or the call's own copy of a list's words is read meanwhile.
  * - The result list is created only once all its strs exist and is filled without allocating,
  *   so no Python code (a gc callback, say) can ever see it with an empty slot.
  * - SHA-256 is OpenSSL's (libcrypto's SHA256_Init/SHA256_Update/SHA256_Final, the same code,
@@ -55,9 +55,11 @@
 #define DIGEST_BYTES 32
 #define HEX_CHARS 64
 #define UINT32_MAX_UL 0xFFFFFFFFUL
-/* Inputs of at least this many bytes are hashed without the GIL; smaller ones keep it, as
- * re-acquiring it under contention can cost more than the hashing. */
-#define NOGIL_MIN_BYTES (64 * 1024)
+/* The GIL is handed over after every this many bytes of input hashed (about 50 us of work):
+ * hashing with the GIL held lets each page's str be made while the next page is hashed, and
+ * handing it over bounds how long another thread waits, as the interpreter does for Python code
+ * (measured in benchmarks/README.md, "The core's page hashing"). */
+#define YIELD_BYTES (64 * 1024)
 /* Pages up to this size are copied after the previous digest into one buffer and hashed with
  * a single SHA256_Update (whole blocks straight from the buffer); larger pages take two updates
  * (no copy). */
@@ -66,7 +68,7 @@
 static const char RANGE_HINT[] =
     "token ids are uint32 vocabulary indices: drop padding/sentinel values (e.g. -1) before hashing";
 
-/* ---- the chain (no Python API: callable without the GIL) ------------------------------------ */
+/* ---- the chain (no Python API) --------------------------------------------------------------- */
 
 typedef struct {
     SHA256_CTX ctx;      /* re-initialised for every page (SHA256_Init only sets 8 words) */
@@ -131,31 +133,34 @@ static void hex_digest(const uint8_t *digest, char *hex) {
     }
 }
 
-/* The result: a list of the lowercase hex strs of the n full pages of data, chained from c
- * (digests: 32 bytes per page). Pages [0, hashed) already have their digests; this hashes the
- * others, and makes each page's str after hashing the next page: a page's SHA-256 rounds each
- * wait on the previous one's result, and the CPU runs the str's allocation and copy in those
- * gaps (measured in benchmarks/README.md, "The core's page hashing"). All strs are made before
- * the list exists, and filling it allocates nothing, so no Python code (a gc callback, say)
- * can ever observe the list with empty slots. */
-static PyObject *hex_list(chain_t *c, const uint8_t *data, size_t hashed, size_t n, uint8_t *digests) {
+/* The result: a list of the lowercase hex strs of the n full pages of data, chained from c. It
+ * makes each page's str after hashing the next page: a page's SHA-256 rounds each wait on the
+ * previous one's result, and the CPU runs the str's allocation and copy in those gaps. The GIL
+ * is held, and released for a moment after every yield_pages pages (see YIELD_BYTES); data is
+ * a held buffer view or memory the call owns, so it stays valid meanwhile. All strs are made
+ * before the list exists, and filling it allocates nothing, so no Python code (a gc callback,
+ * say) can ever observe the list with empty slots. */
+static PyObject *hex_list(chain_t *c, const uint8_t *data, size_t n) {
     PyObject **strs, *list = NULL;
+    uint8_t digests[2][DIGEST_BYTES]; /* page p's digest is digests[p % 2], kept until its str */
+    const size_t yield_pages = c->page_bytes == 0 || c->page_bytes >= YIELD_BYTES ? 1 : YIELD_BYTES / c->page_bytes;
     size_t made = 0;
     if (n > (size_t)PY_SSIZE_T_MAX / sizeof(PyObject *)) return PyErr_NoMemory();
     strs = PyMem_Malloc(n * sizeof(PyObject *) + 1);
     if (strs == NULL) return PyErr_NoMemory();
     for (size_t p = 0; p <= n; p++) {
-        if (p >= hashed && p < n && chain_page(c, data + p * c->page_bytes, digests + p * DIGEST_BYTES) < 0) {
+        if (p < n && chain_page(c, data + p * c->page_bytes, digests[p % 2]) < 0) {
             PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-256 failed");
             break;
         }
         if (p > 0) {
             char hex[HEX_CHARS];
-            hex_digest(digests + (p - 1) * DIGEST_BYTES, hex);
+            hex_digest(digests[(p - 1) % 2], hex);
             strs[p - 1] = PyUnicode_DecodeASCII(hex, HEX_CHARS, NULL);
             if (strs[p - 1] == NULL) break;
             made = p;
         }
+        if (p % yield_pages == yield_pages - 1 && p + 1 < n) PyEval_RestoreThread(PyEval_SaveThread());
     }
     if (made == n) list = PyList_New((Py_ssize_t)n);
     if (list != NULL) {
@@ -279,16 +284,17 @@ static ALWAYS_INLINE int items_to_le32(PyObject *seq, const int is_list, Py_ssiz
             if (PyErr_ExceptionMatches(PyExc_IndexError)) changed_size();
             return -1;
         }
-        if (PyLong_CheckExact(item)) { /* runs no Python code: the borrowed reference suffices */
-            /* Where unsigned long has 64 bits, the error value (unsigned long)-1 is above the
-             * limit too and the compiler drops the PyErr_Occurred test. */
+        {
+            /* Any int (an int subclass too: read without calling its methods) converts here;
+             * anything else (not an int: PyLong_AsUnsignedLong raises without running Python
+             * code), or a value out of range, takes the slow path. Where unsigned long has 64
+             * bits the error value is above the limit and the compiler drops PyErr_Occurred. */
             const unsigned long v = PyLong_AsUnsignedLong(item);
-            if (v > UINT32_MAX_UL || (v == (unsigned long)-1 && PyErr_Occurred())) {
-                int_out_of_range(i, item);
-                return -1;
+            if (v <= UINT32_MAX_UL && (v != (unsigned long)-1 || !PyErr_Occurred())) {
+                store_le32(out, (uint32_t)v);
+                continue;
             }
-            store_le32(out, (uint32_t)v);
-            continue;
+            PyErr_Clear();
         }
         {
             uint32_t slow = 0;
@@ -340,33 +346,18 @@ static int check_buffer(const Py_buffer *view, int *is_signed) {
     return 0;
 }
 
-/* Check signs if check_sign, then, for a large input, digest every full page of data (n_words
- * little-endian words), chained, into digests (32 bytes per page), without the GIL; hex_list
- * hashes a small input's pages. data must stay valid and unmoved: a held buffer view or memory
- * owned by the call. Returns the number of pages hashed, or -1 with an exception set. */
-static Py_ssize_t check_and_hash_large(chain_t *c, const uint8_t *data, size_t n_words, size_t page_size,
-                                       int check_sign, uint8_t *digests) {
-    const size_t n_pages = n_words / page_size;
-    Py_ssize_t negative = -1;
-    int failed = 0;
-    PyThreadState *released = n_words * 4 >= NOGIL_MIN_BYTES ? PyEval_SaveThread() : NULL;
-    if (check_sign) negative = first_negative(data, n_words);
-    for (size_t p = 0; released != NULL && negative < 0 && !failed && p < n_pages; p++)
-        failed = chain_page(c, data + p * c->page_bytes, digests + p * DIGEST_BYTES) < 0;
-    if (released != NULL) PyEval_RestoreThread(released);
-    if (negative >= 0) {
-        PyObject *value = PyLong_FromLong((long)(int32_t)load_le32(data + 4 * (size_t)negative));
-        if (value != NULL) {
-            out_of_range(negative, value);
-            Py_DECREF(value);
-        }
-        return -1;
+/* Raise OverflowError for the first int32 word of data (n_words little-endian words) with its
+ * sign bit set and return -1, or return 0 if there is none. */
+static int check_signs(const uint8_t *data, size_t n_words) {
+    const Py_ssize_t negative = first_negative(data, n_words);
+    PyObject *value;
+    if (negative < 0) return 0;
+    value = PyLong_FromLong((long)(int32_t)load_le32(data + 4 * (size_t)negative));
+    if (value != NULL) {
+        out_of_range(negative, value);
+        Py_DECREF(value);
     }
-    if (failed) {
-        PyErr_SetString(PyExc_RuntimeError, "OpenSSL SHA-256 failed");
-        return -1;
-    }
-    return released != NULL ? (Py_ssize_t)n_pages : 0;
+    return -1;
 }
 
 /* ---- the entry point -------------------------------------------------------------------------- */
@@ -375,10 +366,9 @@ static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
     PyObject *tokens, *prior_obj = Py_None, *out = NULL;
     Py_ssize_t page_size;
     int check_sign = 0, have_view = 0;
-    Py_ssize_t hashed;
     size_t n_words = 0, n_pages = 0;
     const uint8_t *data = NULL;
-    uint8_t *owned = NULL, *digests = NULL; /* the words of a list/tuple; the page digests */
+    uint8_t *owned = NULL; /* the words of a list or tuple */
     Py_buffer view;
     chain_t chain;
     (void)self;
@@ -427,21 +417,15 @@ static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
         check_sign = check_sign || is_signed;
     }
 
+    if (check_sign && check_signs(data, n_words) < 0) goto done;
     n_pages = n_words / (size_t)page_size; /* n_pages * 32 <= n_words * 8 <= 2 * PY_SSIZE_T_MAX */
     /* With a full page, page_size <= n_words <= PY_SSIZE_T_MAX / 4: the product cannot overflow. */
     chain.page_bytes = n_pages > 0 ? (size_t)page_size * 4 : 0;
-    digests = PyMem_Malloc(n_pages * DIGEST_BYTES + 1);
-    if (digests == NULL) {
-        PyErr_NoMemory();
-        goto done;
-    }
-    hashed = check_and_hash_large(&chain, data, n_words, (size_t)page_size, check_sign, digests);
-    if (hashed >= 0) out = hex_list(&chain, data, (size_t)hashed, n_pages, digests);
+    out = hex_list(&chain, data, n_pages);
 
 done:
     if (have_view) PyBuffer_Release(&view);
     PyMem_Free(owned);
-    PyMem_Free(digests);
     return out;
 }
 

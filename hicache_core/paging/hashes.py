@@ -12,8 +12,8 @@ Two implementations produce identical results:
 * ``"native"``: the optional C extension ``hicache_core.native._pagehash`` over OpenSSL's
   SHA-256 (libcrypto's ``SHA256_Init``/``_Update``/``_Final``, the code ``hashlib`` runs). The
   whole chain runs in C: buffer inputs (arrays, tensors) are hashed in place, exact lists/tuples
-  are first converted into a private uint32 buffer (reading them needs the GIL); inputs of
-  64 KiB or more are hashed without the GIL.
+  are first converted into a private uint32 buffer. Pages are hashed with the GIL held, which
+  is handed over after every 64 KiB of input so waiting threads get their turn.
 * ``"python"``: ``hashlib`` per page over memoryview slices of one little-endian buffer built
   in a single vectorised step (no per-token Python loop).
 

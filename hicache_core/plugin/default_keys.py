@@ -40,7 +40,8 @@ class DefaultPageKeys:
                 f"{[p.value for p in self._prefixes]}. Attach it through CacheController (or "
                 "store.register_pool) before doing I/O on it"
             ) from None
-        hashes = ValidHashes(page_hashes)  # the controller's batches are ValidHashes already
+        # the controller's batches are ValidHashes already: checked when its request was built
+        hashes = page_hashes if type(page_hashes) is ValidHashes else ValidHashes(page_hashes)
         if len(prefixes) == 1:  # MLA KV, indexer
             (p0,) = prefixes
             return [(p0 + h,) for h in hashes]

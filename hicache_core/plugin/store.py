@@ -27,7 +27,7 @@ from ..errors import (
     PoolError,
 )
 from ..paging import ValidHashes
-from ..types import Capabilities, DraftIo, IoOp, PoolName, PoolTransfer
+from ..types import Capabilities, DraftIo, IoOp, PageKeys, PoolName, PoolTransfer
 from .default_keys import DefaultPageKeys
 from .protocol import Backend
 from .registry import availability, load_backend_class, load_extension_class
@@ -193,7 +193,7 @@ class Store:
         return mem  # type: ignore[no-any-return]
 
     # -------------------------------------------------------------------- I/O
-    def page_keys(self, pool_name: PoolName | str, page_hashes: Sequence[str]) -> list[tuple[str, ...]]:
+    def page_keys(self, pool_name: PoolName | str, page_hashes: Sequence[str]) -> PageKeys:
         """The component keys of each page (``hicache_page_keys``), one tuple per page hash."""
         if type(page_hashes) is not ValidHashes and (
             isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence)
@@ -213,9 +213,12 @@ class Store:
                 f"backend {self.name!r}: hicache_page_keys returned "
                 f"{'None' if result is None else len(result)} entries for {len(page_hashes)} pages"
             )
-        if countOf(map(type, result), tuple) == len(result):
-            return list(result)  # a list of our own; the tuples are immutable
-        return [tuple(k) for k in result]
+        try:
+            return PageKeys(result)  # our own tuple of tuples, never the hook's list
+        except HiCacheError as err:
+            raise BackendContractError(
+                f"backend {self.name!r}: hicache_page_keys must return one tuple of keys per page: {err}"
+            ) from None
 
     def batch_io_v1(
         self,

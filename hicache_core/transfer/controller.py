@@ -186,21 +186,21 @@ class CacheController:
         pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
         trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
         """
-        return self._prepare("backup", page_hashes, host_indices, extra)[0]()
+        return self._run_backup(*self._prepare(page_hashes, host_indices, extra, None))
 
     def backup_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
     ) -> Future[TransferResult]:
-        run, req = self._prepare("backup", page_hashes, host_indices, extra)
-        return self._submit(run, req.owner)
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, Ownership())
+        return self._submit(partial(self._run_backup, req, plans, draft), req)
 
     def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
         """How many leading pages can be restored: the minimum over pools under their hit policies."""
-        return self._prepare_query(page_hashes, trailing_window)[0]()
+        return self._run_query(self._prepare_query(page_hashes, trailing_window, None), trailing_window)
 
     def query_async(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> Future[QueryResult]:
-        run, req = self._prepare_query(page_hashes, trailing_window)
-        return self._submit(run, req.owner)
+        req = self._prepare_query(page_hashes, trailing_window, Ownership())
+        return self._submit(partial(self._run_query, req, trailing_window), req)
 
     def prefetch(
         self,
@@ -214,21 +214,22 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
-        return self._prepare("prefetch", page_hashes, host_indices, extra)[0]()
+        return self._run_prefetch(*self._prepare(page_hashes, host_indices, extra, None), None, None)
 
     def prefetch_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
     ) -> PrefetchHandle:
         stop = threading.Event()
         progress = _Progress()
-        run, req = self._prepare("prefetch", page_hashes, host_indices, extra, stop, progress)
+        owner = Ownership()
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, owner)
 
         def abandon() -> TransferResult:
-            req.owner.abandon()  # from here on, nothing of this prefetch touches the slots
+            owner.abandon()  # from here on, nothing of this prefetch touches the slots
             return progress.result(req)
 
         return PrefetchHandle(
-            self._submit(run, req.owner),
+            self._submit(partial(self._run_prefetch, req, plans, draft, stop, progress), req),
             stop,
             self.settings.prefetch_policy,
             self.settings.prefetch_timeout_s,
@@ -236,7 +237,9 @@ class CacheController:
         )
 
     # ------------------------------------------------------------ internals
-    def _submit(self, fn: Callable[[], T], owner: Ownership) -> Future[T]:
+    def _submit(self, fn: Callable[[], T], req: Request) -> Future[T]:
+        owner = req.owner
+        assert owner is not None  # every asynchronous operation has one, for close() to abandon
         if self._closed:
             raise HiCacheError("CacheController is closed")
         with self._running_changed:
@@ -258,28 +261,21 @@ class CacheController:
             raise
 
     def _prepare(
-        self,
-        kind: str,
-        page_hashes: Sequence[str],
-        host_indices: IndexLike,
-        extra: Any,
-        stop: threading.Event | None = None,
-        progress: _Progress | None = None,
-    ) -> tuple[Callable[[], TransferResult], Request]:
-        """Check the arguments now (bad input raises here, not in a worker); return the run."""
-        req = _request(page_hashes) if type(page_hashes) is not list else Request(page_hashes)
-        plans, draft = self._planner.plan(len(req.hashes), host_indices, extra, self.draft_path is not None)
-        if kind == "backup":
-            return partial(self._run_backup, req, plans, draft), req
-        return partial(self._run_prefetch, req, plans, draft, stop, progress), req
+        self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any, owner: Ownership | None
+    ) -> tuple[Request, list[Plan], Plan | None]:
+        """Check a backup's or prefetch's arguments now (bad input raises here, not in a worker).
 
-    def _prepare_query(
-        self, page_hashes: Sequence[str], window: int
-    ) -> tuple[Callable[[], QueryResult], Request]:
-        req = _request(page_hashes)
+        ``owner``: the operation's :class:`Ownership` when it runs on the thread pool (``close``
+        may abandon it), ``None`` for a synchronous one."""
+        req = Request(page_hashes, owner) if type(page_hashes) is list else _request(page_hashes, owner)
+        plans, draft = self._planner.plan(len(req.hashes), host_indices, extra, self.draft_path is not None)
+        return req, plans, draft
+
+    def _prepare_query(self, page_hashes: Sequence[str], window: int, owner: Ownership | None) -> Request:
+        req = _request(page_hashes, owner)
         if type(window) is not int or window < 1:
             raise BatchShapeError(f"trailing_window must be an int >= 1, got {window!r}")
-        return partial(self._run_query, req, window), req
+        return req
 
     def _run_backup(self, req: Request, plans: list[Plan], draft: Plan | None) -> TransferResult:
         flags, skipped = self.path.put(req, plans)
@@ -417,7 +413,7 @@ class CacheController:
         self.close()
 
 
-def _request(page_hashes: Sequence[str]) -> Request:
+def _request(page_hashes: Sequence[str], owner: Ownership | None) -> Request:
     if not isinstance(page_hashes, (list, tuple)) and isinstance(
         page_hashes, (str, bytes, set, frozenset, Mapping)
     ):  # a set has no page order
@@ -425,7 +421,7 @@ def _request(page_hashes: Sequence[str]) -> Request:
             f"page_hashes must be an ordered sequence of hash strings, not a {type(page_hashes).__name__}"
         )
     try:
-        return Request(page_hashes)
+        return Request(page_hashes, owner)
     except TypeError:
         raise BatchShapeError(
             f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
@@ -434,16 +430,14 @@ def _request(page_hashes: Sequence[str]) -> Request:
 
 def _whole(name: PoolName, pool: HostPool, n: int) -> Plan:
     """A plan over every position of an ``n``-page request (for existence checks only)."""
-    return Plan(name, pool, list(range(n)), [0] * n)
+    return Plan(name, pool, range(n), [0] * n)
 
 
 def _prefix(plan: Plan, pages: int) -> Plan:
     """``plan`` limited to the prefix ``[0, pages)``; a trailing pool's slots hold its last pages."""
     if plan.pool.hit_policy is HitPolicy.TRAILING_PAGES:
         k = min(len(plan.indices), pages)
-        return Plan(
-            plan.name, plan.pool, list(range(pages - k, pages)), plan.indices[len(plan.indices) - k :]
-        )
+        return Plan(plan.name, plan.pool, range(pages - k, pages), plan.indices[len(plan.indices) - k :])
     return plan.window(0, pages)
 
 

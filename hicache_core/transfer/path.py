@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from functools import partial
+from itertools import chain
 from typing import Literal, TypeVar
 
 import torch
@@ -30,7 +31,7 @@ import torch
 from ..errors import BackendTimeoutError, HiCacheError
 from ..paging import ValidHashes
 from ..plugin import Store
-from ..types import Capabilities, HitPolicy, IoOp, Layout, PoolName, PoolTransfer
+from ..types import Capabilities, HitPolicy, IoOp, Layout, PageKeys, PoolName, PoolTransfer
 from .plan import Plan, chunks
 
 __all__ = ["IoPath", "Ownership", "Request", "TransferPath", "select_io_path"]
@@ -74,16 +75,18 @@ class Ownership:
 
 class Request:
     """One operation's state: its validated page hashes, the errors met so far, the keys
-    resolved so far (per pool, one entry per position; each page's keys are asked of the
-    ``hicache_page_keys`` hook once per operation), and its :class:`Ownership` of host slots."""
+    resolved so far (per pool: the whole request's :class:`PageKeys`, or one entry per position
+    when only some were asked for; each page's keys are asked of the ``hicache_page_keys`` hook
+    once per operation), and its :class:`Ownership` of host slots (``None`` for a synchronous
+    operation on a store that is not staged: nothing can abandon it)."""
 
     __slots__ = ("errors", "hashes", "keys", "owner")
 
     def __init__(self, page_hashes: Sequence[str], owner: Ownership | None = None) -> None:
         self.hashes = ValidHashes(page_hashes)
         self.errors: list[str] = []
-        self.keys: dict[PoolName, list[tuple[str, ...] | None]] = {}
-        self.owner = owner if owner is not None else Ownership()
+        self.keys: dict[PoolName, Sequence[tuple[str, ...] | None]] = {}
+        self.owner = owner
 
 
 class TransferPath:
@@ -125,33 +128,45 @@ class TransferPath:
         self.v2 = io_path == "v2"
 
     # ------------------------------------------------------------ one batch
-    def keys(self, req: Request, plan: Plan) -> list[tuple[str, ...]]:
+    def keys(self, req: Request, plan: Plan) -> PageKeys:
         """The component keys of ``plan``'s pages."""
         cache = req.keys.get(plan.name)
+        whole = len(plan.positions) == len(req.hashes)
+        if type(cache) is PageKeys:  # the whole request's keys, resolved by one hook call
+            return cache if whole else PageKeys(tuple(map(cache.__getitem__, plan.positions)))
         if cache is None:
-            if len(plan.positions) == len(req.hashes):  # the whole request: one hook call
-                keys = self.store.page_keys(plan.name, req.hashes)
-                req.keys[plan.name] = keys  # type: ignore[assignment]
+            if whole:
+                keys = req.keys[plan.name] = self.store.page_keys(plan.name, req.hashes)
                 return keys
             cache = req.keys[plan.name] = [None] * len(req.hashes)
-        elif len(plan.positions) == len(req.hashes) and None not in cache:
-            return cache  # type: ignore[return-value]
+        assert isinstance(cache, list)
         todo = [i for i in plan.positions if cache[i] is None]
-        if todo:
-            resolved = self.store.page_keys(plan.name, req.hashes.pick(todo))
-            for i, k in zip(todo, resolved):
-                cache[i] = k
-        return [cache[i] for i in plan.positions]  # type: ignore[misc]
+        if not todo:
+            return PageKeys(tuple(map(cache.__getitem__, plan.positions)))
+        resolved = self.store.page_keys(plan.name, req.hashes.pick(todo))
+        for i, k in zip(todo, resolved):
+            cache[i] = k
+        if len(todo) == len(plan.positions):
+            return resolved  # every page of the plan was just resolved, in its order
+        return PageKeys(tuple(map(cache.__getitem__, plan.positions)))
 
     def transfers(self, req: Request, plans: Sequence[Plan]) -> list[PoolTransfer]:
         """The v2 ``PoolTransfer`` of each plan: its pool, host pages, page hashes and keys."""
-        whole = len(req.hashes)
+        n = len(req.hashes)
         out = []
         for p in plans:
-            hashes = req.hashes if len(p.positions) == whole else req.hashes.pick(p.positions)
-            keys = self.keys(req, p)
-            # plain tuples throughout: PoolTransfer then keeps them as they are
-            out.append(PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, tuple(keys)))
+            if len(p.positions) == n:
+                hashes = req.hashes
+                keys = req.keys.get(p.name)
+                if keys is None:  # the whole request's keys, from one hook call
+                    keys = req.keys[p.name] = self.store.page_keys(p.name, hashes)
+                elif type(keys) is not PageKeys:
+                    keys = self.keys(req, p)
+            else:
+                hashes = req.hashes.pick(p.positions)
+                keys = self.keys(req, p)
+            # plain tuples and PageKeys: PoolTransfer keeps them as they are
+            out.append(PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, keys))
         return out
 
     def io(
@@ -178,14 +193,17 @@ class TransferPath:
         if n == 0:
             return []
         ncomp = len(plan.pool.components)
-        keys = [k for page in self.keys(req, plan) for k in page]
+        keys = [*chain.from_iterable(self.keys(req, plan))]
         views = None if op is _EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
         buffers = views
+        owner = req.owner
         if self.staged and views is not None:
+            if owner is None:  # a synchronous operation: only a timeout abandons it
+                owner = req.owner = Ownership()
             buffers = _staging(views)
             if op is _SET:
-                with req.owner.lock:  # the bytes handed over are copied before the call
-                    if req.owner.abandoned:
+                with owner.lock:  # the bytes handed over are copied before the call
+                    if owner.abandoned:
                         return [False] * n
                     for staged, view in zip(buffers, views):
                         staged.copy_(view)
@@ -198,8 +216,9 @@ class TransferPath:
             self._failed(req, op, err, [len(keys)])
             return [False] * n
         if self.staged and op is _GET and views is not None and buffers is not None:
-            with req.owner.lock:  # host slots are written only while the operation owns them
-                if req.owner.abandoned:
+            assert owner is not None
+            with owner.lock:  # host slots are written only while the operation owns them
+                if owner.abandoned:
                     return [False] * n
                 for ok, staged, view in zip(flat, buffers, views):
                     if ok:
@@ -229,8 +248,8 @@ class TransferPath:
 
     # ------------------------------------------------------------- requests
     # Results are folded in one pass: a plan's windows are consecutive runs of its positions, so
-    # its flags are its windows' answers appended batch by batch, and the pages never asked
-    # about are padded False at the end.
+    # its flags are its windows' answers appended batch by batch; when a read stops early, the
+    # pages never asked about are padded False at the end.
     def exists(
         self, req: Request, plans: Sequence[Plan], *, until_miss: bool = True
     ) -> dict[PoolName, list[bool]]:
@@ -245,12 +264,15 @@ class TransferPath:
         for batch in _batches(plans, len(req.hashes), self.batch_pages):
             missed = False
             for w, ok in zip(batch, self.io(req, _EXISTS, batch)):
-                flags[w.name] += ok
+                if flags[w.name]:
+                    flags[w.name] += ok
+                else:  # the plan's first window: its answers, a list of our own
+                    flags[w.name] = ok
                 if not missed and w.pool.hit_policy is _ALL_PAGES and not all(ok):
                     missed = True
             if missed and until_miss:
-                break
-        return _padded(flags, plans)
+                return _padded(flags, plans)
+        return flags
 
     def put(self, req: Request, plans: Sequence[Plan]) -> tuple[dict[PoolName, list[bool]], int]:
         """Write ``plans``' pages, skipping stored ones. Returns per plan one bool per page, and
@@ -272,7 +294,10 @@ class TransferPath:
             transfers = self.transfers(req, writable) if self.v2 else None
             if self.skips_existing:  # SET itself keeps stored objects: no round trip
                 for w, ok in zip(writable, self.io(req, _SET, writable, transfers)):
-                    flags[w.name] += ok
+                    if flags[w.name]:
+                        flags[w.name] += ok
+                    else:  # the plan's first window: its answers, a list of our own
+                        flags[w.name] = ok
                 continue
             found = self.io(req, _EXISTS, writable, transfers)
             todo, rests = [], []
@@ -290,8 +315,11 @@ class TransferPath:
                 if rest is not None:  # fill the pages found missing with the SET's answers
                     done = next(written)
                     ok = done if rest is w else _merge(ok, done)
-                flags[w.name] += ok
-        return _padded(flags, plans), skipped
+                if flags[w.name]:
+                    flags[w.name] += ok
+                else:  # the plan's first window: its answers, a list of our own
+                    flags[w.name] = ok
+        return flags, skipped  # every window of every plan answered: nothing to pad
 
     def get(
         self,
@@ -315,15 +343,18 @@ class TransferPath:
             out.setdefault(p.name, [])
         for batch in _batches(plans, len(req.hashes), self.batch_pages):
             if stopped is not None and stopped():
-                break
+                return _padded(out, plans)
             complete = True
             for w, ok in zip(batch, self.io(req, _GET, batch)):
-                out[w.name] += ok
+                if out[w.name]:
+                    out[w.name] += ok
+                else:  # the plan's first window: its answers, a list of our own
+                    out[w.name] = ok
                 if complete and not all(ok):
                     complete = False
             if until_miss and not complete:
-                break
-        return _padded(out, plans)
+                return _padded(out, plans)
+        return out
 
 
 # Enum members looked up once: on Python 3.11 each ``IoOp.GET`` costs a Python-level call.

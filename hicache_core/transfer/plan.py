@@ -33,14 +33,15 @@ _KV = PoolName.KV
 
 
 class Plan:
-    """One pool's share of a request: page positions (ascending) and the host pages that hold them.
+    """One pool's share of a request: page positions (ascending; a ``range`` when they are a run)
+    and the host pages that hold them.
 
     Plans are never mutated after construction; identity, not value, tells them apart.
     """
 
     __slots__ = ("indices", "name", "pool", "positions")
 
-    def __init__(self, name: PoolName, pool: HostPool, positions: list[int], indices: list[int]) -> None:
+    def __init__(self, name: PoolName, pool: HostPool, positions: Sequence[int], indices: list[int]) -> None:
         self.name = name
         self.pool = pool
         self.positions = positions
@@ -104,7 +105,7 @@ class Planner:
             raise BatchShapeError(
                 f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
             )
-        plans = [Plan(_KV, anchor, list(range(n)), kv_idx)]
+        plans = [Plan(_KV, anchor, range(n), kv_idx)]
         if not extra and not self.sidecars:  # the usual request: the KV pool alone
             return plans, None
         pools = self.pools
@@ -135,11 +136,11 @@ class Planner:
                     raise BatchShapeError(
                         f"{len(idx)} host slots for trailing pool {name.value!r} but only {n} pages"
                     )
-                positions = list(range(n - len(idx), n))
+                positions = range(n - len(idx), n)
             else:
                 if len(idx) != n:
                     raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
-                positions = list(range(n))
+                positions = range(n)
             plan = Plan(name, pool, positions, idx)
             if name is PoolName.DRAFT:
                 draft = plan if draft_enabled else None

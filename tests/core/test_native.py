@@ -301,12 +301,13 @@ def test_page_sizes_around_the_scratch_buffer(page_size: int, n_words: int, prio
     assert assert_twins(lambda: (array("I", words), page_size, prior)) == ("ok", expected)
 
 
-@pytest.mark.parametrize("n_words", [16_383, 16_384])  # just under / at 64 KiB, hashed without the GIL
-@pytest.mark.parametrize("page_size", [1, 64, 600])
-def test_both_sides_of_the_gil_release_size(n_words: int, page_size: int) -> None:
-    """Below 64 KiB the pages are hashed with the GIL held, each page's str made while the next
-    page is hashed; from 64 KiB they are all hashed first, without the GIL. Same hashes, and an
-    int32 buffer's negative last word is refused either way."""
+@pytest.mark.parametrize("n_words", [16_383, 16_384, 40_000])  # across one and several 64 KiB hand-overs
+@pytest.mark.parametrize("page_size", [1, 64, 600, 20_000])
+def test_across_the_gil_hand_overs(n_words: int, page_size: int) -> None:
+    """Pages are hashed with the GIL held, each page's str made while the next page is hashed,
+    and the GIL is handed over after every 64 KiB of input (every page when a page is larger).
+    Same hashes on both sides of each hand-over, and an int32 buffer's negative last word is
+    refused."""
     words = [(i * 2654435761) % 2**31 for i in range(n_words)]
     prior = hashlib.sha256(b"prior").hexdigest()
     expected = reference(words, page_size, bytes.fromhex(prior))

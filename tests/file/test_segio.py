@@ -1,9 +1,12 @@
 """One run of the segment layout's O_DIRECT I/O (``hicache_file._segio``): components whose
 buffers are 4096-aligned move straight from / into them, any other goes through the staging
-buffer; both kinds in one run, and a damaged or missing component of either kind is a miss."""
+buffer; both kinds in one run, and a damaged or missing component of either kind is a miss.
+With ``direct_io="auto"`` a run wholly in the page cache is read through a buffered fd, with the
+same checks, and writes stay ``O_DIRECT`` only with ``fsync``."""
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 from collections.abc import Iterator
@@ -11,9 +14,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from hicache_file._segio import CORRUPT, OK, SHORT, _aligned, probe_direct, read_run, write_run
+from file_helpers import config, fill, pages, zero
+from hicache_file import _segio
+from hicache_file._segio import CORRUPT, OK, SHORT, _aligned, _all_cached, probe_direct, read_run, write_run
 
-from hicache_core import MHAKVPool
+from hicache_core import CacheController, MHAKVPool, page_hashes
 from hicache_core.pools import torch_allocator
 
 ALIGN = 4096
@@ -97,3 +102,74 @@ def test_default_pool_pages_are_aligned_for_zero_copy() -> None:
     pool = MHAKVPool(4, 16, 2, 2, 64, torch.bfloat16)  # 4 KiB per layer and component
     views = [memoryview(b[1].numpy()).cast("B") for b in pool.buffers()]
     assert all(_aligned([v]) for v in views)
+
+
+@pytest.fixture
+def spied_fds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The fds ``read_run`` reads from, in order."""
+    used: list[int] = []
+    real = os.preadv
+
+    def preadv(fd: int, *args: object) -> int:
+        used.append(fd)
+        return real(fd, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_segio.os, "preadv", preadv)
+    return used
+
+
+def test_a_cached_run_is_read_from_the_page_cache_checked_and_a_cold_one_direct(
+    direct_fd: int, tmp_path: Path, spied_fds: list[int]
+) -> None:
+    if not _segio.has_cachestat():
+        pytest.skip("no cachestat(2) (Linux 6.5)")
+    bfd = os.open(tmp_path / "seg", os.O_RDWR)
+    try:
+        src = _region(40960)
+        src[:] = os.urandom(len(src))
+        items = _items(src)
+        digests = write_run(bfd, False, 0, items)  # buffered: the pages stay cached
+        assert _all_cached(bfd, 0, 24576)
+        dst = _region(40960)
+        assert read_run(direct_fd, True, 0, _items(dst), digests, bfd) == [OK] * 4
+        assert set(spied_fds) == {bfd}
+        for (a, _), (b, _) in zip(items, _items(dst)):
+            assert b"".join(bytes(p) for p in a) == b"".join(bytes(p) for p in b)
+
+        os.pwrite(bfd, bytes([src[100] ^ 1]), 100)  # a damaged cached (dirty) page: still a miss
+        os.pwrite(bfd, bytes([src[8192 + 64 + 5] ^ 1]), 8192 + 5)  # and in a staged component
+        spied_fds.clear()
+        assert read_run(direct_fd, True, 0, _items(dst), digests, bfd) == [CORRUPT, CORRUPT, OK, OK]
+        assert set(spied_fds) == {bfd}
+
+        os.pwrite(bfd, bytes([src[100]]), 100)
+        os.pwrite(bfd, bytes([src[8192 + 64 + 5]]), 8192 + 5)
+        os.fdatasync(bfd)
+        os.posix_fadvise(bfd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not _all_cached(bfd, 0, 24576)
+        spied_fds.clear()
+        dst[:] = bytes(len(dst))
+        assert read_run(direct_fd, True, 0, _items(dst), digests, bfd) == [OK] * 4  # cold: O_DIRECT
+        assert set(spied_fds) == {direct_fd}
+        assert bytes(dst[8192 + 64 : 8192 + 64 + 4096]) == bytes(src[8192 + 64 : 8192 + 64 + 4096])
+        assert not _all_cached(bfd, 0, 24576)  # and it left nothing in the page cache
+    finally:
+        os.close(bfd)
+
+
+@pytest.mark.parametrize("fsync", [True, False])
+def test_auto_writes_direct_only_with_fsync(tmp_path: Path, fsync: bool) -> None:
+    pool = MHAKVPool(4, 16, 2, 2, 64, torch.bfloat16)
+    fill(pool, 3)
+    want = pages(pool, range(4))
+    hashes = page_hashes(list(range(16)), 4)
+    cfg = config(tmp_path / "r", options={"layout": "segments", "fsync": fsync}, model_name="seg")
+    with CacheController(cfg, pool) as ctl:
+        seg = ctl.store.backend.segments
+        if not seg.direct:
+            pytest.skip(f"no O_DIRECT under {tmp_path}")
+        assert ctl.backup(hashes, range(4)).pages == 4
+        assert bool(fcntl.fcntl(seg._cur.fd, fcntl.F_GETFL) & os.O_DIRECT) == fsync
+        zero(pool)
+        assert ctl.prefetch(hashes, range(4)).pages == 4
+        assert pages(pool, range(4)) == want

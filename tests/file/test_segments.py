@@ -52,8 +52,8 @@ def _roundtrip(root: Path, pool: MHAKVPool, hashes: list[str], **opts: object) -
 
 
 @pytest.mark.parametrize("layout", ["page_first", "layer_first"])
-@pytest.mark.parametrize("direct_io", [True, False])
-def test_roundtrip_and_reopen(tmp_path: Path, layout: str, direct_io: bool) -> None:
+@pytest.mark.parametrize("direct_io", [True, False, "auto"])
+def test_roundtrip_and_reopen(tmp_path: Path, layout: str, direct_io: bool | str) -> None:
     pool = _pool(8, layout)
     assert _roundtrip(tmp_path / "r", pool, _hashes(8), direct_io=direct_io) == (8, 8)
     assert len(_logs(tmp_path / "r")) == 1 and len(_segs(tmp_path / "r")) == 1

@@ -75,9 +75,12 @@ class FileOptions(BaseModel):
     ``FileRootError``. ``publish`` does not apply to ``"segments"``; ``exact_skipped`` works as
     in ``"files"``. See ``plugins/file/README.md`` ("Segment layout") for the format and the
     guarantees.
-    ``direct_io`` (``"segments"`` only): use ``O_DIRECT`` for segment reads and writes when a
-    probe at open succeeds (it fails on tmpfs before Linux 6.6 and on some network filesystems:
-    then buffered I/O, with one log line naming the fallback); ``False``: always buffered (pages then stay in the page cache).
+    ``direct_io`` (``"segments"`` only): ``True``: ``O_DIRECT`` for segment reads and writes when
+    a probe at open succeeds (it fails on tmpfs before Linux 6.6 and on some network filesystems:
+    then buffered I/O, with one log line naming the fallback); ``"auto"`` (default): ``O_DIRECT``
+    writes only with ``fsync`` (buffered otherwise, so the pages stay in the page cache), and
+    reads take what the page cache holds first (``RWF_NOWAIT``) and the rest with ``O_DIRECT``;
+    ``False``: always buffered (pages then stay in the page cache).
     """
 
     model_config = ConfigDict(extra="forbid", defer_build=True)
@@ -101,7 +104,9 @@ class FileOptions(BaseModel):
     )
 
     layout: Literal["files", "segments"] = Field("files", description="one file per component, or segments")
-    direct_io: bool = Field(True, description="segments: O_DIRECT where the filesystem allows it")
+    direct_io: Literal["auto"] | bool = Field(
+        "auto", description="segments: O_DIRECT where the filesystem allows it ('auto': see the docstring)"
+    )
 
     @field_validator("root")
     @classmethod

@@ -26,7 +26,7 @@ from hicache_core import KeyFormatError, check_key, check_keys
 
 from ._dirs import O_CLOEXEC, O_NOFOLLOW, DirTree
 from ._publish import _writer_gone
-from ._segio import O_DIRECT
+from ._segio import O_DIRECT, has_cachestat
 from ._seglog import (
     CLEAR,
     HEADER_SIZE,
@@ -73,17 +73,29 @@ class _Log:
 class SegIndex:
     """The map of every stored key, and the read fds of segments (module docstring)."""
 
-    def __init__(self, root: str, sdir: int, idir: int, writer: str, direct: bool) -> None:
+    def __init__(
+        self,
+        root: str,
+        sdir: int,
+        idir: int,
+        writer: str,
+        direct: bool,
+        auto: bool = False,
+        durable: bool = True,
+    ) -> None:
         self.root = root
         self._sdir, self._idir = sdir, idir
         self.writer = writer
-        self.direct = direct
+        self.direct = direct  # O_DIRECT reads
+        self.cached = direct and auto and has_cachestat()  # reads take cached runs from the page cache
+        # "auto": buffered writes without fsync, when cached pages can be read back from the cache
+        self.direct_write = direct and (durable or not self.cached)
         self._lock = threading.RLock()  # the map, the logs, the fd cache
         self._map: dict[str, Loc] = {}
         self._by_seg: dict[str, list[str]] = {}
         self._logs: dict[str, _Log] = {}
         self._clears: dict[str, int] = {}
-        self._fds: dict[str, int] = {}
+        self._fds: dict[str, tuple[int, int]] = {}  # segment -> (read fd, buffered fd or -1)
         self._retired: list[int] = []
         self._users = 0
         self._seen = [0, 0]  # mtime_ns of index/ and segments/ when last listed
@@ -225,16 +237,17 @@ class SegIndex:
             if loc is not None and loc[0] == seg:
                 del self._map[key]
                 n += 1
-        fd = self._fds.pop(seg, -1)
-        if fd >= 0:
-            self._retire(fd)
+        fds = self._fds.pop(seg, None)
+        if fds is not None:
+            self._retire(fds)
         return n
 
-    def _retire(self, fd: int) -> None:  # with self._lock held
-        if self._users:
-            self._retired.append(fd)
-        else:
-            os.close(fd)
+    def _retire(self, fds: tuple[int, int]) -> None:  # with self._lock held
+        for fd in fds:
+            if fd >= 0 and self._users:
+                self._retired.append(fd)
+            elif fd >= 0:
+                os.close(fd)
 
     def _enter(self) -> None:
         with self._lock:
@@ -249,22 +262,37 @@ class SegIndex:
         for fd in fds:
             os.close(fd)
 
-    def _seg_fd(self, seg: str) -> int:
-        """A read fd of segment ``seg`` (cached); raises ``OSError``."""
-        fd = self._fds.get(seg, -1)
-        if fd >= 0:
-            return fd
+    def _seg_fd(self, seg: str) -> tuple[int, int]:
+        """The read fd of segment ``seg`` and, when reads try the page cache first, a buffered
+        fd of the same file (else -1); cached; raises ``OSError``."""
+        fds = self._fds.get(seg)
+        if fds is not None:
+            return fds
         fd = os.open(seg, RFLAGS | (O_DIRECT if self.direct else 0), dir_fd=self._sdir)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        bfd = -1
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", f"{self.root}/{SEG_DIR}/{seg}")
+            if self.cached:
+                bfd = os.open(seg, RFLAGS, dir_fd=self._sdir)
+                bst = os.fstat(bfd)
+                if (bst.st_dev, bst.st_ino) != (st.st_dev, st.st_ino):  # replaced in between
+                    raise OSError(
+                        errno.ESTALE, "segment replaced while opened", f"{self.root}/{SEG_DIR}/{seg}"
+                    )
+        except BaseException:
             os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file", f"{self.root}/{SEG_DIR}/{seg}")
+            if bfd >= 0:
+                os.close(bfd)
+            raise
         with self._lock:
             if len(self._fds) >= _MAX_FDS:
                 for old in self._fds.values():
                     self._retire(old)
                 self._fds.clear()
-            self._fds[seg] = fd
-        return fd
+            self._fds[seg] = (fd, bfd)
+        return fd, bfd
 
     def _drop_dead_logs(self) -> int:
         """Unlink the logs of writers that are gone and whose segments are all gone; return the

@@ -128,8 +128,7 @@ class SegmentStore(SegIndex):
     ) -> None:
         self._fsync = options.fsync
         self._max = options.max_bytes
-        self._threads = options.io_threads
-        self._min_par = options.parallel_min_bytes
+        self._threads, self._min_par = options.io_threads, options.parallel_min_bytes
         self._executor = executor
         self._stats, self._stats_lock = stats, stats_lock
         self._seg_target = SEG_BYTES if self._max is None else max(CHUNK, min(SEG_BYTES, self._max // 16))
@@ -142,7 +141,8 @@ class SegmentStore(SegIndex):
         why = probe_direct(sdir) if options.direct_io else "direct_io is off"
         if options.direct_io and why is not None:
             log.info("hicache.file: %s/%s: no O_DIRECT (%s); segments use buffered I/O", root, SEG_DIR, why)
-        super().__init__(root, sdir, idir, f"{HOST or 'x'}-{os.getpid()}-{secrets.token_hex(4)}", why is None)
+        writer, auto = f"{HOST or 'x'}-{os.getpid()}-{secrets.token_hex(4)}", options.direct_io == "auto"
+        super().__init__(root, sdir, idir, writer, why is None, auto, options.fsync)
         self._seed = seed(self.writer)
         self._log_fd = -1
         self._wlock = threading.Lock()  # own segment / log
@@ -222,7 +222,7 @@ class SegmentStore(SegIndex):
                 runs.append([w])
         self._enter()
         try:
-            fds: dict[str, int | OSError] = {}
+            fds: dict[str, tuple[int, int] | OSError] = {}
             for run in runs:
                 seg = run[0][0]
                 if seg not in fds:
@@ -276,13 +276,13 @@ class SegmentStore(SegIndex):
         return ok, counts
 
     def _read(
-        self, run: list[tuple[str, int, int, int, int]], fd: int | OSError, iovs: list[list[Any]]
+        self, run: list[tuple[str, int, int, int, int]], fd: tuple[int, int] | OSError, iovs: list[list[Any]]
     ) -> list[Any]:
         if isinstance(fd, OSError):
             return [fd] * len(run)
         items = [([memoryview(p).cast("B") for p in iovs[w[4]]], w[2]) for w in run]
         try:
-            return read_run(fd, self.direct, run[0][1], items, [w[3] for w in run])
+            return read_run(fd[0], self.direct, run[0][1], items, [w[3] for w in run], fd[1])
         except OSError as err:
             return [err] * len(run)
 
@@ -320,7 +320,7 @@ class SegmentStore(SegIndex):
                 self._next_n += 1
                 name = seg_name(self.writer, n)
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
-                fd = os.open(name, flags | (O_DIRECT if self.direct else 0), 0o644, dir_fd=self._sdir)
+                fd = os.open(name, flags | (O_DIRECT if self.direct_write else 0), 0o644, dir_fd=self._sdir)
                 if self._fsync:
                     self._dirty_dirs.add(self._sdir)  # synced with the first records naming it
                 cur = self._cur = Seg(n, name, fd)
@@ -474,7 +474,7 @@ class SegmentStore(SegIndex):
     ) -> Any:
         items = [([memoryview(p).cast("B") for p in iovs[i]], sizes[i]) for g in chunk for i in g]
         try:
-            return write_run(fd, self.direct, offset, items)
+            return write_run(fd, self.direct_write, offset, items)
         except OSError as err:
             return err
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 import ctypes
 import struct
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 import xxhash
+
+if TYPE_CHECKING:  # numpy is imported where used: `hicache backends` loads this module
+    import numpy as np
 
 __all__ = [
     "HEADER",
@@ -38,6 +41,8 @@ _EMPTY = xxhash.xxh3_64_intdigest(b"")
 
 def aligned_empty(nbytes: int, align: int = HEADER) -> np.ndarray:
     """A zeroed uint8 array of ``nbytes`` whose first byte is ``align``-aligned."""
+    import numpy as np
+
     raw = np.zeros(nbytes + align, dtype=np.uint8)
     off = (-raw.ctypes.data) % align
     return raw[off : off + nbytes]
@@ -45,6 +50,8 @@ def aligned_empty(nbytes: int, align: int = HEADER) -> np.ndarray:
 
 def memory(addr: int, nbytes: int) -> np.ndarray:
     """A uint8 array over ``nbytes`` of memory at ``addr`` (no copy; the caller keeps it alive)."""
+    import numpy as np
+
     return np.frombuffer(memoryview((ctypes.c_ubyte * nbytes).from_address(addr)).cast("B"), dtype=np.uint8)
 
 
@@ -62,6 +69,8 @@ def digest(segments: Sequence[tuple[int, int]]) -> int:
 
 def pack_header(out: np.ndarray, key: str, length: int, payload_sum: int) -> None:
     """Write the header of ``key`` into ``out`` (at least :data:`HEADER` bytes, zeroed)."""
+    import numpy as np
+
     kb = key.encode("ascii")
     body = _FIXED.pack(MAGIC, length, payload_sum, len(kb)) + kb
     body += _SUM.pack(xxhash.xxh3_64_intdigest(body))
