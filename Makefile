@@ -21,18 +21,22 @@ typecheck:
 	$(VENV)/bin/mypy plugins/file/hicache_file plugins/mooncake/hicache_mooncake plugins/hf3fs_stub/hicache_hf3fs_stub plugins/nixl/hicache_nixl integrations/sglang/hicache_sglang integrations/vllm/hicache_vllm
 
 unit:
-	$(PY) -m pytest tests -q --ignore=tests/vllm -n 3 --dist loadgroup
+	$(PY) -m pytest tests -q --ignore=tests/vllm -n 3 --dist loadgroup --no-loadscope-reorder
 
 vllm:
 	bash integrations/vllm/setup-dev.sh
 	$(VLLM_VENV)/bin/python -m pytest tests/vllm -q
 
-# vLLM's venv and tests (`make vllm`) run in the background while lint, typecheck and the main
-# suite run; their output follows, and either failing fails `make test`.
+# vLLM's venv and tests (`make vllm`), and lint and typecheck, run in the background while the
+# main suite runs (mypy uses one core; the suite's longest groups mostly wait on processes they
+# started); their output follows the suite's, and any of them failing fails `make test`.
 test: setup
 	@mkdir -p build
 	@$(MAKE) --no-print-directory vllm >build/vllm-tests.log 2>&1 & vllm=$$!; \
-	$(MAKE) --no-print-directory lint typecheck unit; rc=$$?; \
+	$(MAKE) --no-print-directory lint typecheck >build/lint-typecheck.log 2>&1 & static=$$!; \
+	$(MAKE) --no-print-directory unit; rc=$$?; \
+	wait $$static; src=$$?; \
+	echo "--- make lint typecheck (exit $$src) ---"; cat build/lint-typecheck.log; \
 	wait $$vllm; vrc=$$?; \
 	echo "--- make vllm (exit $$vrc) ---"; cat build/vllm-tests.log; \
-	test $$rc = 0 && test $$vrc = 0
+	test $$rc = 0 && test $$src = 0 && test $$vrc = 0

@@ -45,7 +45,9 @@ for plugin in plugins/*/ integrations/*/; do
     editables+=(-e "${plugin%/}")
   fi
 done
-"${PIP[@]}" "torch==2.13.0" "${editables[@]}"
+# --no-build-isolation: build the editables with this venv's setuptools and wheel (installed
+# above) instead of a fresh build environment per distribution (7 of them: ~40 s of setup).
+"${PIP[@]}" --no-build-isolation "torch==2.13.0" "${editables[@]}"
 # Integrations whose test dependencies cannot be expressed as extras (e.g. sglang --no-deps).
 # vLLM's own venv (.venv-vllm/, integrations/vllm/setup-dev.sh) is built by `make vllm`, which
 # `make test` runs beside the main suite.

@@ -4,6 +4,7 @@ Besides writing throwaway distributions, this runs ``hicache check`` on the exam
 ``broken_backends*.py`` (:func:`run_checks`): a few worker processes (2 by default) each run the
 real ``hicache check`` command in-process, one example after the other, taking the next example
 not yet claimed, so the torch/pytest start-up is paid once per worker, not once per example.
+An example may be checked against only some suite tests (``hicache check NAME -- -k ...``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import time
 import traceback
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,6 +150,8 @@ def check_worker(spec_file: str) -> int:
             continue  # another worker has it
         argv = ["check", name, "--", f"--junitxml={out / f'{name}.xml'}"]
         argv += ["-o", f"timeout={CHECK_TEST_TIMEOUT_S}"]
+        if name in spec["select"]:
+            argv += ["-k", " or ".join(spec["select"][name])]
         start = time.perf_counter()
         code = _redirected(out / f"{name}.log", main, argv)
         done = {"code": code, "seconds": time.perf_counter() - start}
@@ -169,13 +172,27 @@ def _cost_first(names: Sequence[str]) -> list[str]:
 
 
 def run_checks(
-    site: Path, names: Sequence[str], workdir: Path, jobs: int = 2, timeout: float = 900.0
+    site: Path,
+    names: Sequence[str],
+    workdir: Path,
+    jobs: int = 2,
+    timeout: float = 900.0,
+    select: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, CheckRun]:
     """``hicache check`` on each backend of ``names`` (installed in ``site``), at most ``jobs``
-    at a time; returns name -> :class:`CheckRun` (code -1 when it did not finish in time)."""
+    at a time; returns name -> :class:`CheckRun` (code -1 when it did not finish in time).
+
+    ``select`` maps a name to the suite tests to run for it (``-- -k "t1 or t2"``: pytest's
+    substring match, so a test's parametrizations and same-prefixed tests run too); a name
+    not in it gets the whole suite."""
+    select = {name: list(tests) for name, tests in (select or {}).items()}
+    for name, tests in select.items():
+        bad = [t for t in tests if not re.fullmatch(r"test_[\w\[\]\-.]+", t)]
+        if not tests or bad:
+            raise ValueError(f"run_checks: select[{name!r}] must be suite test names, got {tests!r}")
     workdir.mkdir(parents=True, exist_ok=True)
     spec = workdir / "spec.json"
-    spec.write_text(json.dumps({"names": _cost_first(names), "out": str(workdir)}))
+    spec.write_text(json.dumps({"names": _cost_first(names), "out": str(workdir), "select": select}))
     env = subprocess_env(site)
     procs = []
     for i in range(max(1, min(jobs, len(names)))):
