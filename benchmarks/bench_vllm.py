@@ -19,10 +19,10 @@ each measurement in a fresh ``.venv-vllm`` process running this file with ``--ch
   ``vllm_save_vs_controller`` is the same for writing fresh pages (backup), the connector
   handed them as vLLM hands one engine step of ``STEP_REQUESTS`` requests (its worker writes a
   step's pages in one transfer), the controller in one ``backup`` call.
-* ``vllm_ttft_async_vs_sync_load`` (no target; it decides the default load mode): the time to
-  first token of a hit with ``async_load`` / with synchronous loads, in one engine built with
-  ``async_load`` whose scheduler side switches mode between generations (ABBA order), median of
-  the paired ratios.
+* ``async_vs_sync_load`` (information inside ``vllm_ttft_hicache_vs_recompute``; it decided the
+  default load mode): the time to first token of a hit with ``async_load`` / with synchronous
+  loads, in one engine built with ``async_load`` whose scheduler side switches mode between
+  generations (ABBA order), median of the paired ratios.
 """
 
 from __future__ import annotations
@@ -289,13 +289,10 @@ def run(quick: bool = False) -> dict[str, Any]:
             hicache_ms=hicache["ttft_s"] * 1e3,
             recompute_ms=recompute["ttft_s"] * 1e3,
             default_async_load=hicache["async_load"],
+            async_vs_sync_load=modes["async_vs_sync"],
+            sync_load_ms=sync_ms,
+            async_load_ms=async_ms,
         ),
-        "vllm_ttft_async_vs_sync_load": {
-            "ratio": modes["async_vs_sync"],
-            "sync_load_ms": sync_ms,
-            "async_load_ms": async_ms,
-            "note": "time to first token of a hit, async_load / synchronous loads, paired in one engine",
-        },
         "vllm_load_vs_controller": _entry(
             hicache["load"] / hicache["ctl_load"],
             0.9,
