@@ -5,7 +5,9 @@ page in the memory of the process that wrote it, so the writer must still be run
 one JSON object per line: the first line on stdin opens the store (``config``, ``geometry``,
 ``pages``); then ``{"op": "read", "hashes": [...]}`` (exists + get + sha256 of each component),
 ``{"op": "write", "hashes": [...]}`` (default bytes with salt 11, set; with ``"each": true`` one
-call per page, so that writes of two processes interleave) or ``{"op": "exit"}``.
+call per page, so that writes of two processes interleave; with ``"start_at"``, a ``time.time()``,
+the first set waits until then, so that the parent can start its own sets at the same moment)
+or ``{"op": "exit"}``.
 Each reply is one stdout line prefixed with :data:`PREFIX` (other output is ignored).
 """
 
@@ -16,6 +18,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from typing import IO, Any
 
 __all__ = ["PREFIX", "Child", "main"]
@@ -75,6 +78,7 @@ def main() -> int:
                 for views, h in zip(pool.page_views(range(len(hashes))), hashes):
                     for comp, v in zip(pool.components, views):
                         v.copy_(default_page_bytes(h, comp, v.numel(), WRITE_SALT).view(v.shape))
+                time.sleep(max(0.0, float(cmd.get("start_at", 0.0)) - time.time()))
                 if cmd.get("each"):
                     flags = [io(IoOp.SET, [h], [i])[0] for i, h in enumerate(hashes)]
                 else:

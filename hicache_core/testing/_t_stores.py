@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from typing import Any
 
 from hicache_core import HostPool, IoOp, MHAKVPool, PoolName, Store
@@ -25,6 +26,7 @@ __all__ = ["StoresTests"]
 KV = PoolName.KV
 CHILD_TIMEOUT_S = 120
 RANK_PAGES = 32  # pages each rank sets, one call per page, while the other rank does the same
+START_DELAY_S = 1.0  # time for the child to receive the request and fill its pages
 
 Pools = dict[PoolName, HostPool]
 
@@ -141,7 +143,10 @@ class StoresTests(SuiteBase):
         hc.fill(pool, range(n), hashes)
         setup = self._child_setup(hc, n, **ranks, tp_rank=1)
         with Child(setup, self._env(), CHILD_TIMEOUT_S) as child:
-            child.send("write", hashes, each=True)
+            # both ranks start setting at one moment, so their sets overlap even on a loaded machine
+            start_at = time.time() + START_DELAY_S
+            child.send("write", hashes, each=True, start_at=start_at)
+            time.sleep(max(0.0, start_at - time.time()))
             ours = [hc.raw(store, IoOp.SET, KV, pool, [h], [i])[0] for i, h in enumerate(hashes)]
             wrote = child.reply()
             assert ours == [True] * n and wrote["set"] == [True] * n, f"set: rank 0 {ours}, rank 1 {wrote}"
