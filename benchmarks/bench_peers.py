@@ -5,7 +5,9 @@ Contenders, each through its own public API at its best settings, each in its ow
 
 * hicache ``file`` through ``hicache_core.CacheController`` with a real MHA host pool (K and V,
   half a page each), controller and backend at their defaults: layout ``files`` and, when the
-  backend has a ``layout`` option, ``segments``; the ``nixl`` plugin too when it is installed;
+  backend has a ``layout`` option, ``segments``, and ``segments`` with ``fsync: true`` (the
+  setting for durable pages: its writes bypass the page cache, as LMCache's and NIXL's
+  ``O_DIRECT`` settings do); the ``nixl`` plugin too when it is installed;
 * LMCache's ``LocalDiskBackend`` (buffered, its default, and ``use_odirect``);
 * SGLang's ``HiCacheFile`` (``batch_set`` / ``batch_get``);
 * NIXL's POSIX plugin: default (Linux AIO), ``use_uring``, and ``use_uring`` with ``O_DIRECT``;
@@ -109,6 +111,11 @@ def contenders(pdir: Path) -> list[Contender]:
         spec = {"backend": "file", "options": {"layout": layout} if layout else {}}
         out.append(
             Contender(f"hicache file ({layout or 'files'})", "hicache", "worker_hicache.py", json.dumps(spec))
+        )
+    if "segments" in layouts:  # durable pages: O_DIRECT writes (``direct_io: auto`` with fsync)
+        spec = {"backend": "file", "options": {"layout": "segments", "fsync": True}}
+        out.append(
+            Contender("hicache file (segments, fsync)", "hicache", "worker_hicache.py", json.dumps(spec))
         )
     if _has_plugin("nixl", "hicache-nixl"):  # its best POSIX setting, as for NIXL itself below
         spec = {"backend": "nixl", "options": {"plugin": "posix", "engine": "uring", "o_direct": True}}
