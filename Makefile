@@ -9,8 +9,11 @@ VLLM_VENV := .venv-vllm
 setup:
 	bash scripts/setup.sh
 
+# `hicache bench` (a model's pages through the file backend vs raw I/O), then the file backend's
+# two layouts from disk: durable backup, cold and warm prefetch next to the raw O_DIRECT limit.
 bench: setup
 	$(VENV)/bin/hicache bench
+	$(PY) benchmarks/bench_file.py --quick
 
 lint:
 	$(VENV)/bin/ruff check .
