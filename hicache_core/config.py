@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import stat
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
@@ -30,6 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_CONFIG_FILE_BYTES",
     "MAX_MODEL_REVISION_LEN",
     "MAX_TIMEOUT_S",
     "ControllerSettings",
@@ -38,8 +41,12 @@ __all__ = [
     "format_validation_error",
     "load_config",
     "read_config_file",
+    "read_small_file",
 ]
 
+# Config and options files are small: a larger one (or /dev/zero) is refused before parsing.
+MAX_CONFIG_FILE_BYTES = 4 << 20
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 log = logging.getLogger("hicache")
 
 ENV_PREFIX = env.PREFIX
@@ -195,6 +202,19 @@ class StorageConfig(_Checked):
             data["controller"] = nested
         return data
 
+    @field_validator("model_name", "kv_dtype", "model_revision")
+    @classmethod
+    def _printable_identity(cls, value: str | None, info: Any) -> str | None:
+        # These fields name the key namespace (paging/keys.py): a control character (NUL above
+        # all, the separator of the namespace's identity string) could make two different
+        # configs name one namespace, and so read each other's pages.
+        if value is not None and _CONTROL_CHARS.search(value):
+            raise ValueError(
+                f"{info.field_name} must not contain control characters (NUL, newline, tab, ...); "
+                f"got {value!r:.80}: use printable text"
+            )
+        return value
+
     @field_validator("extensions", mode="before")
     @classmethod
     def _split_extensions(cls, value: Any) -> Any:
@@ -327,8 +347,8 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     ``hicache`` table is unwrapped); :class:`ConfigError` when it cannot be read or parsed."""
     path = _as_path(path, "read_config_file: path")
     try:
-        text = path.read_bytes()
-    except (OSError, ValueError) as err:  # ValueError: a NUL in the path
+        text = read_small_file(path)
+    except (OSError, ValueError) as err:  # ValueError: a NUL in the path, not a small regular file
         raise ConfigError(
             f"cannot read hicache config file {path}: {getattr(err, 'strerror', None) or err}"
         ) from None
@@ -357,6 +377,30 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if "hicache" in data and isinstance(data["hicache"], dict) and len(data) == 1:
         data = data["hicache"]  # allow a [hicache] table / top-level key
     return dict(data)
+
+
+def read_small_file(path: str | os.PathLike[str]) -> bytes:
+    """The bytes of a regular file of at most :data:`MAX_CONFIG_FILE_BYTES`.
+
+    Raises :class:`OSError` when it cannot be opened, :class:`ValueError` when it is not a
+    regular file (a FIFO, a device such as ``/dev/zero``: never blocks, never reads without end)
+    or is larger than the limit."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO's open
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_FILE_BYTES:
+            chunk = os.read(fd, MAX_CONFIG_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_FILE_BYTES:
+        raise ValueError(f"larger than {MAX_CONFIG_FILE_BYTES >> 20} MiB; a config or options file is small")
+    return b"".join(chunks)
 
 
 def _toml_loads(text: str) -> Any:

@@ -184,13 +184,15 @@ class KeyScheme:
     def __init__(self, config: _KeyConfig) -> None:
         layout = str(getattr(config.layout, "value", config.layout))
         revision = getattr(config, "model_revision", None)
-        if revision is None:
+        fields = (config.model_name, config.kv_dtype, layout)
+        if revision is None and "\0" not in "".join(fields):
             # The original identity: every namespace without a revision keeps its exact keys.
-            identity = "\0".join((config.model_name, config.kv_dtype, layout))
+            identity = "\0".join(fields)
         else:
-            # JSON never holds a raw NUL, the form above always holds two, so the two forms never
-            # collide, and JSON is unambiguous whatever the fields contain.
-            identity = json.dumps(["revision/1", config.model_name, config.kv_dtype, layout, str(revision)])
+            # JSON never holds a raw NUL, the form above always holds exactly two, so the two
+            # forms never collide, and JSON is unambiguous whatever the fields contain (a field
+            # with a NUL, which StorageConfig refuses, lands here too).
+            identity = json.dumps(["revision/1", *fields, None if revision is None else str(revision)])
         digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         slug = _SLUG_RE.sub("-", config.model_name).strip("-_")[:48] or "model"
         dtype = _SLUG_RE.sub("-", config.kv_dtype)[:16] or "dtype"

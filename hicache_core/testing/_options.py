@@ -41,10 +41,14 @@ def parse_options(raw: str | None) -> dict[str, Any]:
         path = Path(text[1:]).expanduser()
         source = str(path)
         suffix = path.suffix.lower() or ".json"
+        from hicache_core.config import read_small_file
+
         try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as err:
-            raise ValueError(f"cannot read options file {path}: {err.strerror or err}") from None
+            text = read_small_file(path).decode("utf-8")
+        except (OSError, ValueError) as err:  # also: not a small regular file, not UTF-8
+            raise ValueError(
+                f"cannot read options file {path}: {getattr(err, 'strerror', None) or err}"
+            ) from None
     try:
         if suffix == ".toml":
             try:

@@ -155,7 +155,8 @@ RULES: dict[str, Rule] = {
     "R25": Rule(
         "hostile keys",
         "An I/O hook refuses a key that is not a safe file name with a typed `HiCacheError` (or `False` "
-        "for it), and nothing outside the backend's storage is created, read or changed.",
+        "for it), `hicache_clear` such a namespace with a typed `HiCacheError` (or by removing "
+        "nothing), and nothing outside the backend's storage is created, read or changed.",
     ),
     "R26": Rule(
         "clear scope",

@@ -109,10 +109,12 @@ class KeyTests(SuiteBase):
     """Hostile keys at the I/O hooks; properties of a custom key scheme."""
 
     # ----------------------------------------------------------------- errors
-    @rule("R25")
-    def test_errors_hostile_keys(self, hc: SuiteContext, io_path: str, tmp_path: Path) -> None:
-        """R25: Unsafe keys sent straight to the I/O hook (no controller, no store check) raise a typed
-        ``HiCacheError`` or answer ``False``, and nothing outside the backend's storage changes."""
+    def _caged_store(
+        self, hc: SuiteContext, tmp_path: Path, decoy: str
+    ) -> tuple[Store, Any, Path, Callable[[], list[str]]]:
+        """A store whose every path option lies DEPTH directories deep inside ``tmp_path / "hostile-cage"``
+        with decoy files in the cage and around it; returns the store, its KV pool, the cage and a
+        function listing what changed outside the store's storage since this call."""
         cage = tmp_path / "hostile-cage"
         deep = cage.joinpath(*(f"l{i}" for i in range(1, DEPTH + 1)))
         deep.mkdir(parents=True)
@@ -126,34 +128,105 @@ class KeyTests(SuiteBase):
         for f in path_fields:
             if options.get(f) is None:
                 options[f] = str(deep / f"hicache-{f}")
-        storage = [str(options[f]) for f in path_fields]
-        known = storage + [str(hc.options[f]) for f in path_fields if hc.options.get(f)]
+        known = [str(options[f]) for f in path_fields] + [
+            str(hc.options[f]) for f in path_fields if hc.options.get(f)
+        ]
         store = hc.open(options=options)
         pool = self.make_kv_pool("mha", 2)
         store.register_pool(KV, pool)
         nbytes = pool.component_nbytes[0]
-        decoy = "decoy"
         for d in (tmp_path, cage, *(p for p in deep.parents if cage in p.parents), deep):
             (d / decoy).write_bytes(bytes(range(256)) * (nbytes // 256) + b"\x01" * (nbytes % 256))
         before = _snapshot(tmp_path)
+
+        def changed_outside() -> list[str]:
+            after = _snapshot(tmp_path)
+            return sorted(
+                rel
+                for rel in set(before) | set(after)
+                if before.get(rel) != after.get(rel)
+                and not any(str(tmp_path / rel).startswith(s) for s in known)
+            )
+
+        return store, pool, cage, changed_outside
+
+    @rule("R25")
+    def test_errors_hostile_keys(self, hc: SuiteContext, io_path: str, tmp_path: Path) -> None:
+        """R25: Unsafe keys sent straight to the I/O hook (no controller, no store check) raise a typed
+        ``HiCacheError`` or answer ``False``, and nothing outside the backend's storage changes."""
+        decoy = "decoy"
+        store, pool, cage, changed_outside = self._caged_store(hc, tmp_path, decoy)
         (good,) = store.page_keys(KV, self.make_page_hashes(1))
         problems: list[str] = []
         for key in _hostile_keys(cage, decoy):
             for op in (IoOp.SET, IoOp.EXISTS, IoOp.GET):
                 for what, call in self._hostile_calls(store, pool, io_path, op, key, good):
                     problems += _judge(what, call)
-        after = _snapshot(tmp_path)
-        outside = sorted(
-            rel
-            for rel in set(before) | set(after)
-            if before.get(rel) != after.get(rel) and not any(str(tmp_path / rel).startswith(s) for s in known)
-        )
+        outside = changed_outside()
         assert not outside, (
             f"backend {hc.name!r}: {io_path} I/O with hostile keys created or changed paths outside its "
-            f"storage {storage or '(no path option)'}: {outside[:8]}; validate keys at the hook with "
-            "hicache_core.check_keys"
+            f"storage: {outside[:8]}; validate keys at the hook with hicache_core.check_keys"
         )
         assert not problems, f"backend {hc.name!r}: " + "; ".join(problems[:6])
+
+    @rule("R25", "R26")
+    def test_errors_hostile_clear_namespace(self, hc: SuiteContext, tmp_path: Path) -> None:
+        """R25, R26: ``hicache_clear`` with a namespace no config produces (``..`` paths, an absolute
+        path, glob patterns, empty, NUL) raises a typed ``HiCacheError`` or removes nothing: the
+        store's own pages and everything outside its storage stay."""
+        hc.require_hook("hicache_clear")
+        decoy = "decoy"
+        store, pool, cage, changed_outside = self._caged_store(hc, tmp_path, decoy)
+        hashes = self.make_page_hashes(2)
+        keys = store.page_keys(KV, hashes)
+        flat = [k for page in keys for k in page]
+        views = [v for page in pool.page_views([0, 1]) for v in page]
+        if hc.caps.v1:
+            stored = store.pm.hook.hicache_batch_io_v1(op=IoOp.SET, keys=flat, buffers=views, pool_name=KV)
+        else:
+            one = PoolTransfer(KV, (0, 1), tuple(hashes), pool.hit_policy, tuple(keys))
+            stored = _first(store.pm.hook.hicache_batch_io_v2(op=IoOp.SET, transfers=[one]))
+        assert all(stored), f"backend {hc.name!r}: SET of 2 pages failed: {stored}"
+        ns = store.keys.scheme.namespace
+        hostile = [
+            *(("../" * d) + decoy for d in range(1, DEPTH + 3)),
+            str(cage / decoy),
+            "*",
+            "?",
+            ns[:-1] + "*",
+            "[a-z]*",
+            "",
+            ".",
+            "..",
+            "a/b",
+            "a\x00b",
+        ]
+        problems: list[str] = []
+        for bad in hostile:
+            try:
+                removed = store.pm.hook.hicache_clear(namespace=bad)
+            except HiCacheError:
+                continue
+            except Exception as err:  # reported below, not raised
+                problems.append(f"hicache_clear({bad!r}) raised untyped {type(err).__name__}: {err}")
+                continue
+            if removed:
+                problems.append(f"hicache_clear({bad!r}) removed {removed} objects")
+        outside = changed_outside()
+        assert not outside, (
+            f"backend {hc.name!r}: hicache_clear with hostile namespaces changed paths outside its storage: "
+            f"{outside[:8]}; validate the namespace with hicache_core.check_key before using it in a path"
+        )
+        if hc.caps.v1:
+            left = store.pm.hook.hicache_batch_io_v1(op=IoOp.EXISTS, keys=flat, buffers=None, pool_name=KV)
+        else:
+            left = _first(store.pm.hook.hicache_batch_io_v2(op=IoOp.EXISTS, transfers=[one]))
+        if not all(left):
+            problems.append(f"this namespace's pages are gone after hostile clears: exists {left}")
+        assert not problems, (
+            f"backend {hc.name!r}: " + "; ".join(problems[:6]) + "; match only keys that start with the "
+            'exact namespace + "." (no glob, no path built from it)'
+        )
 
     def _hostile_calls(
         self, store: Store, pool: Any, path: str, op: IoOp, key: str, good: tuple[str, ...]

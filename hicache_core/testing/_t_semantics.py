@@ -382,3 +382,27 @@ class SemanticsTests(SuiteBase):
         hc.write(store_a, KV, pool_a, hashes, idx, salt=3, path=path)
         expect_flags(hc.read(store_a, KV, pool_a, hashes, idx, path), [True] * 6, "get after clear + set")
         expect_flags(hc.matches(pool_a, idx, hashes, salt=3), [True] * 6, "new bytes after clear + set")
+
+    @rule("R26")
+    def test_clear_keeps_a_longer_namespace(self, hc: SuiteContext, io_path: str) -> None:
+        """R26: clearing a namespace keeps a namespace that merely starts with it (keys match on
+        ``namespace + "."``, never on the bare prefix)."""
+        hc.require_hook("hicache_clear")
+        store_a, pool_a = hc.kv_store("mha", 3, model_name="r26")
+        ns = store_a.keys.scheme.namespace
+        # The default scheme's namespace begins with the model name's slug, so this model's
+        # namespace is ns followed by more characters.
+        store_b, pool_b = hc.kv_store("mha", 3, model_name=ns + "x")
+        ns_b = store_b.keys.scheme.namespace
+        if not ns_b.startswith(ns):
+            pytest.skip(f"backend {hc.name!r}: its key scheme gives no namespace that extends {ns!r}")
+        hashes, idx = self.make_page_hashes(3), list(range(3))
+        hc.write(store_a, KV, pool_a, hashes, idx, salt=1, path=io_path)
+        hc.write(store_b, KV, pool_b, hashes, idx, salt=2, path=io_path)
+        assert store_a.clear() > 0, "clear() removed nothing after 3 pages were stored"
+        expect_flags(
+            hc.read(store_b, KV, pool_b, hashes, idx, io_path),
+            [True] * 3,
+            f"namespace {ns_b!r} after clearing {ns!r} (a prefix match without the trailing '.')",
+        )
+        expect_flags(hc.matches(pool_b, idx, hashes, salt=2), [True] * 3, "the longer namespace's bytes")

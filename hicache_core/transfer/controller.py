@@ -214,7 +214,9 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
-        return self._run_prefetch(*self._prepare(page_hashes, host_indices, extra, None), None, None)
+        return self._run_prefetch(
+            *self._prepare(page_hashes, host_indices, extra, None, load=True), None, None
+        )
 
     def prefetch_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
@@ -222,7 +224,7 @@ class CacheController:
         stop = threading.Event()
         progress = _Progress()
         owner = Ownership()
-        req, plans, draft = self._prepare(page_hashes, host_indices, extra, owner)
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, owner, load=True)
 
         def abandon() -> TransferResult:
             owner.abandon()  # from here on, nothing of this prefetch touches the slots
@@ -261,14 +263,21 @@ class CacheController:
             raise
 
     def _prepare(
-        self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any, owner: Ownership | None
+        self,
+        page_hashes: Sequence[str],
+        host_indices: IndexLike,
+        extra: Any,
+        owner: Ownership | None,
+        load: bool = False,
     ) -> tuple[Request, list[Plan], Plan | None]:
         """Check a backup's or prefetch's arguments now (bad input raises here, not in a worker).
 
         ``owner``: the operation's :class:`Ownership` when it runs on the thread pool (``close``
         may abandon it), ``None`` for a synchronous one."""
         req = Request(page_hashes, owner) if type(page_hashes) is list else _request(page_hashes, owner)
-        plans, draft = self._planner.plan(len(req.hashes), host_indices, extra, self.draft_path is not None)
+        plans, draft = self._planner.plan(
+            len(req.hashes), host_indices, extra, self.draft_path is not None, load
+        )
         return req, plans, draft
 
     def _prepare_query(self, page_hashes: Sequence[str], window: int, owner: Ownership | None) -> Request:

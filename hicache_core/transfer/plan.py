@@ -92,8 +92,12 @@ class Planner:
         host_indices: IndexLike,
         extra: Mapping[PoolName | str, IndexLike] | None,
         draft_enabled: bool,
+        load: bool = False,
     ) -> tuple[list[Plan], Plan | None]:
-        """Validate a request's host indices; return the target plans (KV first) and the draft plan."""
+        """Validate a request's host indices; return the target plans (KV first) and the draft plan.
+
+        ``load``: the pages are read into the slots, so no slot may appear twice in a pool (two
+        pages cannot both be in one slot, and only one of them would be reported truthfully)."""
         if extra is not None and not isinstance(extra, Mapping):
             raise ArgumentTypeError(
                 "extra must be a mapping of pool name -> host indices (e.g. {'mamba': [3]}) or None, "
@@ -105,6 +109,8 @@ class Planner:
             raise BatchShapeError(
                 f"{len(kv_idx)} KV host indices for {n} page hashes; pass one host page per page hash"
             )
+        if load:
+            _distinct(kv_idx, _KV)
         plans = [Plan(_KV, anchor, range(n), kv_idx)]
         if not extra and not self.sidecars:  # the usual request: the KV pool alone
             return plans, None
@@ -141,12 +147,23 @@ class Planner:
                 if len(idx) != n:
                     raise BatchShapeError(f"{len(idx)} host indices for pool {name.value!r}, expected {n}")
                 positions = range(n)
+            if load and name in given:  # (slots shared with KV were checked with KV's)
+                _distinct(idx, name)
             plan = Plan(name, pool, positions, idx)
             if name is PoolName.DRAFT:
                 draft = plan if draft_enabled else None
             else:
                 plans.append(plan)
         return plans, draft
+
+
+def _distinct(indices: list[int], name: PoolName) -> None:
+    if len(set(indices)) != len(indices):
+        twice = next(i for i in indices if indices.count(i) > 1)
+        raise BatchShapeError(
+            f"host slot {twice} appears twice in the {name.value!r} indices of a load; give each "
+            "page its own slot"
+        )
 
 
 def chunks(n: int, step: int) -> list[tuple[int, int]]:
