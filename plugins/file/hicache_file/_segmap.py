@@ -211,10 +211,16 @@ class SegIndex:
         self, seg: str, offset: int, time_ns: int, entries: Sequence[tuple[str, int, int]]
     ) -> None:
         keys = self._by_seg.setdefault(seg, [])
-        clears = self._clears
+        clears, known = self._clears, self._map
         for key, length, digest in entries:
-            if not (clears and any(key.startswith(p) and time_ns < t for p, t in clears.items())):
-                self._map[key] = (seg, offset, length, digest, time_ns)
+            # The newest record of a key wins, whatever order the logs are read in: a page
+            # rewritten after damage or the loss of its segment must not be shadowed by its
+            # older record in another writer's log.
+            old = known.get(key)
+            if (old is None or old[4] <= time_ns) and not (
+                clears and any(key.startswith(p) and time_ns < t for p, t in clears.items())
+            ):
+                known[key] = (seg, offset, length, digest, time_ns)
                 keys.append(key)
             offset += align(length)
         if offset > self._ends.get(seg, 0):
