@@ -115,7 +115,13 @@ class FileOptions(BaseModel):
             return None
         if not value.strip() or "\0" in value:
             raise ValueError("root must be a non-empty path without NUL bytes")
-        return os.path.abspath(os.path.expanduser(os.path.expandvars(value)))
+        expanded = os.path.expandvars(value)
+        unset = re.search(r"\$(\w+|\{[^}]*\})", expanded)  # expandvars leaves unset variables as they are
+        if unset:
+            raise ValueError(
+                f"root {value!r}: the environment variable ${unset.group(1).strip('{}')} is not set; set it or give the path"
+            )
+        return os.path.abspath(os.path.expanduser(expanded))
 
     @field_validator("max_bytes", "parallel_min_bytes", mode="before")
     @classmethod
