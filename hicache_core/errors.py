@@ -23,6 +23,7 @@ __all__ = [
     "BackendTimeoutError",
     "BackendUnavailableError",
     "BatchShapeError",
+    "ClosedError",
     "ConfigError",
     "HiCacheError",
     "KeyFormatError",
@@ -91,3 +92,7 @@ class BackendTimeoutError(BackendIOError, TimeoutError):
 
 class OperationNotSupportedError(HiCacheError, NotImplementedError):
     """The backend does not implement an optional operation (for example ``clear``)."""
+
+
+class ClosedError(HiCacheError, ValueError):
+    """An operation on a controller or store after ``close()`` (like I/O on a closed file)."""

@@ -264,7 +264,7 @@ class HostPool:
             if tolist is None and isinstance(indices, _NOT_INDICES):
                 raise TypeError  # iterable, but not an ordered sequence of page indices
             out = _as_indices(tolist() if tolist is not None else indices)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, NotImplementedError, RuntimeError):  # e.g. a meta-device tensor
             raise BatchShapeError(
                 f"host page indices must be integers (a sequence of int or an integer tensor), got {indices!r:.80}"
             ) from None

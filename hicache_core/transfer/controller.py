@@ -17,7 +17,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..config import PrefetchPolicy, StorageConfig
-from ..errors import ArgumentTypeError, BatchShapeError, ConfigError, HiCacheError, PoolError
+from ..errors import ArgumentTypeError, BatchShapeError, ClosedError, ConfigError, HiCacheError, PoolError
 from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
 from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
@@ -239,11 +239,14 @@ class CacheController:
         )
 
     # ------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("this CacheController is closed; create a new one to move pages again")
+
     def _submit(self, fn: Callable[[], T], req: Request) -> Future[T]:
         owner = req.owner
         assert owner is not None  # every asynchronous operation has one, for close() to abandon
-        if self._closed:
-            raise HiCacheError("CacheController is closed")
+        self._check_open()
         with self._running_changed:
             self._running.add(owner)
 
@@ -274,6 +277,7 @@ class CacheController:
 
         ``owner``: the operation's :class:`Ownership` when it runs on the thread pool (``close``
         may abandon it), ``None`` for a synchronous one."""
+        self._check_open()
         req = Request(page_hashes, owner) if type(page_hashes) is list else _request(page_hashes, owner)
         plans, draft = self._planner.plan(
             len(req.hashes), host_indices, extra, self.draft_path is not None, load
@@ -281,6 +285,7 @@ class CacheController:
         return req, plans, draft
 
     def _prepare_query(self, page_hashes: Sequence[str], window: int, owner: Ownership | None) -> Request:
+        self._check_open()
         req = _request(page_hashes, owner)
         if type(window) is not int or window < 1:
             raise BatchShapeError(f"trailing_window must be an int >= 1, got {window!r}")

@@ -28,6 +28,8 @@ def parse_size(value: Any) -> Any:
         if m is None:
             raise ValueError(f"cannot parse size {value!r}; use bytes or e.g. '512MiB', '10GiB'")
         return int(float(m.group(1)) * 1024 ** _UNITS[m.group(2).upper()])
+    if isinstance(value, bool):  # an int subclass: `true` would be a 1-byte budget
+        raise ValueError(f"a size must be bytes (an int) or a string such as '512MiB', got {value!r}")
     return value
 
 

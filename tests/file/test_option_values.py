@@ -1,5 +1,5 @@
-"""``root``: ``~`` and ``$VARS`` are expanded; an unset variable is an error naming it, never a
-directory literally called ``$VAR`` under the working directory."""
+"""Option values: ``root``'s ``$VARS`` (an unset variable is an error naming it, never a directory
+literally called ``$VAR`` under the working directory); sizes refuse booleans."""
 
 from __future__ import annotations
 
@@ -28,3 +28,12 @@ def test_root_variables(module: str, tmp_path, monkeypatch) -> None:
     with pytest.raises(hc.OptionsError, match="HICACHE_TEST_UNSET is not set"):
         hc.open_store(cfg)
     assert not list(tmp_path.glob("$*")), "a directory named after the unset variable was created"
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_sizes_refuse_booleans(value: bool) -> None:
+    from hicache_file._options import FileOptions
+
+    with pytest.raises(ValueError, match="a size must be bytes"):
+        FileOptions(max_bytes=value)
+    assert FileOptions(max_bytes="1KiB").max_bytes == 1024
