@@ -232,6 +232,11 @@ class Store:
         if type(op) is not IoOp:
             op = _io_op(op)
         name = pool_name if type(pool_name) is PoolName else _pool_name(pool_name)
+        if isinstance(keys, (str, bytes)):
+            raise ArgumentTypeError(
+                f"batch_io_v1: keys must be a sequence of key strings, got one {type(keys).__name__}; "
+                "wrap a single key in a list"
+            )
         if op is _EXISTS:
             buffers = None
         elif buffers is None or len(buffers) != len(keys):
@@ -248,6 +253,9 @@ class Store:
         except HiCacheError:
             raise
         except Exception as err:
+            # Checked only now (the happy path pays nothing): a buffer that is not a tensor is
+            # the caller's mistake, not the plugin's.
+            _check_buffers(buffers)
             raise self._plugin_error("hicache_batch_io_v1", err) from err
         return self._check_flags("hicache_batch_io_v1", result, len(keys))
 
@@ -299,8 +307,10 @@ class Store:
 
     def _check_flags(self, hook: str, result: Any, n: int) -> list[bool]:
         if result is None or not isinstance(result, (list, tuple)):
+            got = "None (a missing return statement?)" if result is None else f"a {type(result).__name__}"
             raise BackendContractError(
-                f"backend {self.name!r}: {hook} returned None; it must return one bool per entry ({n})"
+                f"backend {self.name!r}: {hook} returned {got}; it must return a list of one bool per "
+                f"entry ({n})"
             )
         if len(result) != n or countOf(map(type, result), bool) != n:
             raise BackendContractError(
@@ -379,3 +389,15 @@ def open_store(config: StorageConfig | None = None, **overrides: Any) -> Store:
     elif overrides:
         config = config.model_copy(update=overrides)
     return Store(config)
+
+
+def _check_buffers(buffers: Sequence[Any] | None) -> None:
+    """Raise :class:`ArgumentTypeError` naming the first buffer that is not a ``torch.Tensor``."""
+    import torch
+
+    for i, buf in enumerate(buffers or ()):
+        if not isinstance(buf, torch.Tensor):
+            raise ArgumentTypeError(
+                f"batch_io_v1: buffers[{i}] is a {type(buf).__name__}, not a torch.Tensor; pass one "
+                "uint8 CPU tensor view per key (e.g. HostPool.page_views)"
+            )

@@ -16,16 +16,16 @@ def test_root_variables(module: str, tmp_path, monkeypatch) -> None:
         importlib.import_module(module) if module == "hicache_file._options" else pytest.importorskip(module)
     )
     cls = options.FileOptions if module == "hicache_file._options" else options.NixlOptions
-    monkeypatch.setenv("HICACHE_TEST_ROOT", str(tmp_path))
-    monkeypatch.delenv("HICACHE_TEST_UNSET", raising=False)
-    assert cls(root="$HICACHE_TEST_ROOT/c").root == str(tmp_path / "c")
-    assert cls(root="${HICACHE_TEST_ROOT}/d").root == str(tmp_path / "d")
-    for bad in ("$HICACHE_TEST_UNSET/c", "${HICACHE_TEST_UNSET}/c"):
-        with pytest.raises(ValueError, match="HICACHE_TEST_UNSET is not set"):
+    monkeypatch.setenv("HC_OPTIONS_TEST_ROOT", str(tmp_path))
+    monkeypatch.delenv("HC_OPTIONS_TEST_UNSET", raising=False)
+    assert cls(root="$HC_OPTIONS_TEST_ROOT/c").root == str(tmp_path / "c")
+    assert cls(root="${HC_OPTIONS_TEST_ROOT}/d").root == str(tmp_path / "d")
+    for bad in ("$HC_OPTIONS_TEST_UNSET/c", "${HC_OPTIONS_TEST_UNSET}/c"):
+        with pytest.raises(ValueError, match="HC_OPTIONS_TEST_UNSET is not set"):
             cls(root=bad)
     monkeypatch.chdir(tmp_path)
-    cfg = hc.StorageConfig(backend="file", options={"root": "$HICACHE_TEST_UNSET/cache"})
-    with pytest.raises(hc.OptionsError, match="HICACHE_TEST_UNSET is not set"):
+    cfg = hc.StorageConfig(backend="file", options={"root": "$HC_OPTIONS_TEST_UNSET/cache"})
+    with pytest.raises(hc.OptionsError, match="HC_OPTIONS_TEST_UNSET is not set"):
         hc.open_store(cfg)
     assert not list(tmp_path.glob("$*")), "a directory named after the unset variable was created"
 
