@@ -154,7 +154,11 @@ def _not_found(
         )
     import difflib  # only an error path needs it
 
-    close = difflib.get_close_matches(name, available, n=1, cutoff=0.6)
+    # "FILE", "hicache-file", "hicache_file" name the file backend as its user thinks of it.
+    bare = name.lower().removeprefix("hicache-").removeprefix("hicache_")
+    close = [n for n in available if n.lower() == bare] or difflib.get_close_matches(
+        bare, available, n=1, cutoff=0.6
+    )
     installed = f"Installed {kind}s: {', '.join(available) or '(none)'}."
     if close:  # a typo: fixing the name is the answer, never installing a look-alike
         return BackendNotFoundError(
