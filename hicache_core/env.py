@@ -121,6 +121,7 @@ SWITCHES: Final[tuple[EnvVar, ...]] = (
 VARIABLES: Final[tuple[EnvVar, ...]] = CONFIG_VARS + SWITCHES
 _BY_NAME: Final = {v.name: v for v in VARIABLES}
 _FALSE: Final = ("", "0", "false", "no", "off")
+_TRUE: Final = ("1", "true", "yes", "on")
 
 
 def _known(name: str) -> EnvVar:
@@ -131,10 +132,21 @@ def _known(name: str) -> EnvVar:
 
 
 def env_flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """A boolean switch: unset, empty, ``0``, ``false``, ``no`` or ``off`` (any case) is off."""
+    """A boolean switch: unset, empty, ``0``, ``false``, ``no`` or ``off`` (any case) is off;
+    ``1``, ``true``, ``yes`` or ``on`` is on; anything else is a :class:`ConfigError`."""
     _known(name)
     env = os.environ if environ is None else environ
-    return env.get(name, "").strip().lower() not in _FALSE
+    value = env.get(name, "").strip().lower()
+    if value in _FALSE:
+        return False
+    if value in _TRUE:
+        return True
+    from .errors import ConfigError
+
+    raise ConfigError(
+        f"{name}={env.get(name)!r} is not a boolean switch; set it to 1/true/yes/on or 0/false/no/off "
+        "(or unset it)"
+    )
 
 
 def env_str(name: str, environ: Mapping[str, str] | None = None) -> str:
