@@ -27,11 +27,26 @@ _VERBS = {
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hicache", description="hicache: tiered KV-cache storage plugins")
+    parser.add_argument("--version", action=_Version, nargs=0, help="print hicache's version and exit")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="{" + ",".join(_VERBS) + "}")
     for verb, help_text in _VERBS.items():
         p = sub.add_parser(verb, help=help_text, description=help_text)
         import_module(f"hicache_core.cli.{verb}").add_arguments(p)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``: reads the installed version only when asked (listing stays fast)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            found = version("hicache-core")
+        except PackageNotFoundError:  # a source tree that is not installed
+            found = "(not installed)"
+        print(f"hicache {found}")
+        parser.exit()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

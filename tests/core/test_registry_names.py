@@ -14,3 +14,14 @@ def test_did_you_mean_the_backend(name: str) -> None:
         hc.load_backend_class(name)
     assert isinstance(info.value, LookupError)
     assert "pip install" not in str(info.value)
+
+
+def test_cli_version() -> None:
+    import subprocess
+    import sys
+    from importlib.metadata import version
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "hicache_core.cli", "--version"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == f"hicache {version('hicache-core')}", proc
