@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from hicache_core import Capabilities, DraftIo, DraftIoMode, IoOp, PoolName, check_keys, hookimpl
+from hicache_core import Capabilities, DraftIo, DraftIoMode, IoOp, PoolName, check_key, check_keys, hookimpl
 
 from .broken_backends import as_bytes, copy_into
 
@@ -87,10 +87,13 @@ class GoodFile:
 
     @hookimpl
     def hicache_clear(self, namespace: str) -> int:
-        removed = 0
-        for path in self.root.glob(f"{namespace}.*"):
-            path.unlink(missing_ok=True)
-            removed += 1
+        check_key(namespace)  # it names files: no '..', '/', glob characters
+        removed, prefix = 0, namespace + "."
+        with os.scandir(self.root) as entries:
+            for entry in entries:
+                if entry.name.startswith(prefix):
+                    os.unlink(entry.path)
+                    removed += 1
         return removed
 
 

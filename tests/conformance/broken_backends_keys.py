@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from hicache_core import PoolError, PoolName, hookimpl
+from hicache_core import PoolError, PoolName, check_key, hookimpl
 from hicache_core.paging.keys import ValidHashes
 
 from .broken_backends import LOCK, GoodMemory
@@ -66,7 +66,8 @@ class GoodCustomKeys(GoodMemory):
     @hookimpl
     def hicache_clear(self, namespace: str) -> int:
         # The store passes the namespace of its own config: this backend's keys for that config
-        # start with `self.ns`.
+        # start with `self.ns`. A namespace no config produces is refused.
+        check_key(namespace)
         with LOCK:
             gone = [k for k in self.data if k.startswith(self.ns + self.sep)]
             for k in gone:
