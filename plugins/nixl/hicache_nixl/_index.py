@@ -14,9 +14,10 @@ Every record starts on a multiple of :data:`BLOCK` and is zero-padded to one::
   still points there);
 * ``CLEAR``: every key of namespace ``name`` stored before this record is removed.
 
-Appends of whole blocks are atomic in their position (``O_APPEND`` under the inode lock), and a
-writer killed mid-append leaves whole blocks; so :func:`parse` resynchronises on the next block
-holding a verified record. Damage with no verified record after it is an unfinished tail (still
+Appends are atomic in their position (``O_APPEND`` under the inode lock); a short append (a
+full disk) or a writer killed mid-append leaves a torn record, after which records no longer
+start on a multiple of :data:`BLOCK`. So a record verifies only with its padding all zeros, and
+:func:`parse` resynchronises on the next verified record at any byte offset. Damage with no verified record after it is an unfinished tail (still
 being written, or of a killed writer): it is left unconsumed and read again once the log grows.
 """
 
@@ -80,6 +81,9 @@ def _record_at(data: bytes | memoryview, p: int) -> tuple[int, Record] | None:
     h.update(body)
     if _SUM.unpack_from(data, p + _HEAD.size)[0] != h.intdigest():
         return None
+    pad = bytes(data[p + _FIXED + blen : p + length])
+    if pad.count(0) != len(pad):  # a torn record whose padding now holds the next record's bytes
+        return None
     try:
         name = body[:nlen].decode("ascii")
         entries = []
@@ -107,10 +111,13 @@ def parse(data: bytes) -> tuple[int, int, Iterator[Record]]:
             out.append(got[1])
             p += got[0]
             continue
-        q = p + BLOCK
-        while q < len(data) and _record_at(view, q) is None:
-            q += BLOCK
-        if q >= len(data):
+        # Resynchronise on the next verified record at any byte offset: after a torn append
+        # (a short write under ENOSPC, a killed writer) later records no longer start on a
+        # multiple of BLOCK.
+        q = data.find(MAGIC, p + 1)
+        while q >= 0 and _record_at(view, q) is None:
+            q = data.find(MAGIC, q + 1)
+        if q < 0:
             break  # no verified record after it: an unfinished tail
         skipped += q - p
         p = q
