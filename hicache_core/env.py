@@ -16,7 +16,6 @@ layer may use it.
 
 from __future__ import annotations
 
-import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -158,6 +157,8 @@ def env_str(name: str, environ: Mapping[str, str] | None = None) -> str:
 
 def suggest(name: str) -> str:
     """`` (did you mean HICACHE_X?)`` for a misspelled variable name, else ``""``."""
+    import difflib  # an error path only; listing backends does not pay for its import
+
     close = difflib.get_close_matches(name, list(_BY_NAME), n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
 

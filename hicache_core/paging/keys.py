@@ -96,15 +96,16 @@ def _all_valid(items: Sequence[object], max_len: int, chars: bytes) -> bool:
     if countOf(map(type, items), str) != n:
         return False
     strs: Sequence[str] = items  # type: ignore[assignment]
-    if min(map(len, strs)) < 1 or max(map(len, strs)) > max_len:
-        return False
+    lengths = set(map(len, strs))  # one pass; usually a single length (hex digests, their keys)
+    if not lengths or min(lengths) < 1 or max(lengths) > max_len:
+        return not lengths
     joined = "".join(strs)
-    return (
-        joined.isascii()
-        and not joined.encode("ascii").translate(None, chars)  # nothing outside the character set
-        and "".join(map(_first, strs)).isalnum()  # each item starts with a letter or digit
-        and (b"." not in chars or _DOTS.search(joined) is None)
-    )
+    if not joined.isascii() or joined.encode("ascii").translate(None, chars):
+        return False  # a character outside the set
+    # Each item's first character: with one common length L they sit at every L-th place of
+    # the joined string (one slice), otherwise they are picked item by item.
+    firsts = joined[:: next(iter(lengths))] if len(lengths) == 1 else "".join(map(_first, strs))
+    return firsts.isalnum() and (b"." not in chars or _DOTS.search(joined) is None)
 
 
 def check_keys(keys: Sequence[str]) -> None:
@@ -112,8 +113,9 @@ def check_keys(keys: Sequence[str]) -> None:
 
     For a backend that validates the keys of a whole batch at its I/O boundary.
     """
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
-        raise KeyFormatError(f"keys must be a sequence of key strings, got {type(keys).__name__}")
+    if type(keys) is not list and type(keys) is not tuple:  # (an ABC check is a Python call)
+        if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+            raise KeyFormatError(f"keys must be a sequence of key strings, got {type(keys).__name__}")
     keys = tuple(keys)
     if not keys or _all_valid(keys, MAX_KEY_LEN, _KEY_BYTES):
         return
@@ -142,6 +144,12 @@ class ValidHashes(tuple[str, ...]):
 
     def pick(self, positions: Iterable[int]) -> ValidHashes:
         """The hashes at ``positions``, in that order (already valid: not checked again)."""
+        if (
+            type(positions) is range
+            and positions.step == 1
+            and 0 <= positions.start <= positions.stop <= len(self)
+        ):
+            return tuple.__new__(ValidHashes, self[positions.start : positions.stop])  # a run: one slice
         return tuple.__new__(ValidHashes, map(self.__getitem__, positions))
 
 

@@ -128,27 +128,43 @@ class TransferPath:
         self.v2 = io_path == "v2"
 
     # ------------------------------------------------------------ one batch
-    def keys(self, req: Request, plan: Plan) -> PageKeys:
-        """The component keys of ``plan``'s pages."""
+    def keys(self, req: Request, plan: Plan, hashes: ValidHashes | None = None) -> PageKeys:
+        """The component keys of ``plan``'s pages (``hashes``: its page hashes, when the caller
+        has picked them already)."""
         cache = req.keys.get(plan.name)
-        whole = len(plan.positions) == len(req.hashes)
+        pos = plan.positions
+        whole = len(pos) == len(req.hashes)
+        run = pos if type(pos) is range and pos.step == 1 else None  # a window of consecutive positions
         if type(cache) is PageKeys:  # the whole request's keys, resolved by one hook call
-            return cache if whole else PageKeys(tuple(map(cache.__getitem__, plan.positions)))
+            if whole:
+                return cache
+            return PageKeys(
+                cache[run.start : run.stop] if run is not None else tuple(map(cache.__getitem__, pos))
+            )
         if cache is None:
             if whole:
                 keys = req.keys[plan.name] = self.store.page_keys(plan.name, req.hashes)
                 return keys
             cache = req.keys[plan.name] = [None] * len(req.hashes)
         assert isinstance(cache, list)
-        todo = [i for i in plan.positions if cache[i] is None]
+        if run is not None:  # slices instead of a Python loop over the window's positions
+            part = cache[run.start : run.stop]
+            missing = part.count(None)
+            if missing == 0:
+                return PageKeys(part)
+            if missing == len(part):  # none resolved yet: one hook call for the window
+                resolved = self.store.page_keys(plan.name, req.hashes.pick(run) if hashes is None else hashes)
+                cache[run.start : run.stop] = resolved
+                return resolved
+        todo = [i for i in pos if cache[i] is None]
         if not todo:
-            return PageKeys(tuple(map(cache.__getitem__, plan.positions)))
+            return PageKeys(tuple(map(cache.__getitem__, pos)))
         resolved = self.store.page_keys(plan.name, req.hashes.pick(todo))
         for i, k in zip(todo, resolved):
             cache[i] = k
-        if len(todo) == len(plan.positions):
+        if len(todo) == len(pos):
             return resolved  # every page of the plan was just resolved, in its order
-        return PageKeys(tuple(map(cache.__getitem__, plan.positions)))
+        return PageKeys(tuple(map(cache.__getitem__, pos)))
 
     def transfers(self, req: Request, plans: Sequence[Plan]) -> list[PoolTransfer]:
         """The v2 ``PoolTransfer`` of each plan: its pool, host pages, page hashes and keys."""
@@ -164,7 +180,7 @@ class TransferPath:
                     keys = self.keys(req, p)
             else:
                 hashes = req.hashes.pick(p.positions)
-                keys = self.keys(req, p)
+                keys = self.keys(req, p, hashes)
             # plain tuples and PageKeys: PoolTransfer keeps them as they are
             out.append(PoolTransfer(p.name, tuple(p.indices), tuple(hashes), p.pool.hit_policy, keys))
         return out

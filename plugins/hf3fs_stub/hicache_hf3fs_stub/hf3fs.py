@@ -38,7 +38,6 @@ metadata kept next to the file in a crash-safe index log (see :mod:`._slotfile`)
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 from collections.abc import Iterable, Sequence
@@ -64,12 +63,12 @@ from hicache_core import (
     hookimpl,
 )
 
-from ._slotfile import SUPERBLOCK_SIZE, SlotFile, slot_stride
-
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from hicache_core import HostPool, StorageConfig
+
+    from ._slotfile import SlotFile
 
 __all__ = [
     "DRAFT_REASON",
@@ -119,6 +118,8 @@ def _is_replicated(key: str) -> bool:
 
 def _raw(buf: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory (no copy)."""
+    import ctypes  # here, not at the top: listing backends imports this module
+
     n = buf.numel() * buf.element_size()
     if n == 0:
         return memoryview(bytearray())
@@ -234,6 +235,8 @@ class Hf3fsBackend:
                     num_slots = _slots_in(self.options.file_size, capacity)
                 except ValueError as err:
                     raise OptionsError(f"hf3fs: {err}") from None
+            from ._slotfile import SlotFile  # the slot-file modules load when a file is opened
+
             try:
                 f = SlotFile(
                     path,
@@ -391,6 +394,8 @@ class Hf3fsBackend:
 
 def _slots_in(file_size: int, capacity: int) -> int:
     """Slots of ``capacity`` payload bytes that fit in ``file_size``; ValueError naming the options."""
+    from ._slotfile import SUPERBLOCK_SIZE, slot_stride
+
     stride = slot_stride(capacity)
     n = (file_size - SUPERBLOCK_SIZE) // stride
     if n < 1:

@@ -55,7 +55,7 @@ from hicache_core import BackendIOError, BackendTimeoutError, BackendUnavailable
 
 from ._inflight import InflightPuts
 from ._listeners import Listener, find_listening_process, listeners, socket_inodes, warn_exposed
-from ._options import CHECKSUM_ENV, MooncakeOptions, checksum_enabled, resolve_device
+from ._options import CHECKSUM_ENV, INSTALL_HINT, MooncakeOptions, checksum_enabled, resolve_device
 from ._probe import await_answer, http_probe, rpc_probe, split_address, tcp_probe
 
 __all__ = [
@@ -73,12 +73,6 @@ log = logging.getLogger("hicache.mooncake")
 SETUP_RETRIES_ENV = "MC_STORE_CLIENT_SETUP_RETRIES"
 _ENV_LOCK = threading.Lock()
 _SETUP_LOCK = threading.Lock()
-
-INSTALL_HINT = (
-    "install the Mooncake store with `pip install mooncake-transfer-engine-non-cuda` (CPU hosts) or "
-    "`pip install mooncake-transfer-engine` (CUDA hosts); it needs the system library libibverbs "
-    "(`apt-get install -y libibverbs1`)"
-)
 
 
 def import_store() -> Any:

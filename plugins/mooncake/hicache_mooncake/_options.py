@@ -19,6 +19,7 @@ __all__ = [
     "CHECKSUM_ENV",
     "CONFIG_PATH_ENV",
     "ENV_FIELDS",
+    "INSTALL_HINT",
     "MooncakeOptions",
     "checksum_enabled",
     "parse_size",
@@ -26,6 +27,12 @@ __all__ = [
 ]
 
 CONFIG_PATH_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
+
+INSTALL_HINT = (
+    "install the Mooncake store with `pip install mooncake-transfer-engine-non-cuda` (CPU hosts) or "
+    "`pip install mooncake-transfer-engine` (CUDA hosts); it needs the system library libibverbs "
+    "(`apt-get install -y libibverbs1`)"
+)
 
 # environment variable -> option field (first variable found wins for a field)
 ENV_FIELDS: tuple[tuple[str, str], ...] = (

@@ -47,9 +47,7 @@ from hicache_core import (
     hookimpl,
 )
 
-from ._client import StoreLink
-from ._connection import INSTALL_HINT
-from ._options import MooncakeOptions
+from ._options import INSTALL_HINT, MooncakeOptions
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -101,7 +99,6 @@ class MooncakeBackend:
         dependency outside the wheel, ``libibverbs.so.1``, loads. Opening a store still
         imports the module and reports any other failure with the same install hint.
         """
-        import ctypes
         import importlib.machinery
         import importlib.util
         import os
@@ -115,8 +112,10 @@ class MooncakeBackend:
         found = any(os.path.isfile(os.path.join(d, n)) for d in places for n in names)
         if not found:
             return f"cannot import mooncake.store (not installed); {INSTALL_HINT}"
+        from _ctypes import dlopen  # what ctypes.CDLL calls; importing ctypes itself costs ~2 ms
+
         try:
-            ctypes.CDLL("libibverbs.so.1")
+            dlopen("libibverbs.so.1")
         except OSError as err:
             return f"cannot import mooncake.store ({err}); {INSTALL_HINT}"
         return None
@@ -126,6 +125,8 @@ class MooncakeBackend:
         self.options = options
         if options.overwrite:  # SET replaces stored objects: backup must check existence first
             self.capabilities = dataclasses.replace(type(self).capabilities, set_skips_existing=False)
+        from ._client import StoreLink  # the client modules load when a store is opened
+
         self.link = StoreLink(options, tp_rank=config.tp_rank, ranks=config.tp_size * config.pp_size)
         self._pools: dict[PoolName, _Pool] = {}
         self._staging: torch.Tensor | None = None
