@@ -288,7 +288,11 @@ class Hf3fsBackend:
 
     @hookimpl
     def hicache_batch_io_v1(
-        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        buffers: Sequence[torch.Tensor] | None,
+        pool_name: PoolName | None = None,  # unused (pluggy does not pass it): for direct calls
     ) -> list[bool]:
         """Exists / get / set, one object (page component) per key, one slot per object.
 

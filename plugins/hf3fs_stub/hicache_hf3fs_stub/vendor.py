@@ -101,7 +101,11 @@ class VendorSdkBackend:
 
     @hookimpl
     def hicache_batch_io_v1(
-        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        buffers: Sequence[torch.Tensor] | None,
+        pool_name: PoolName | None = None,  # unused (pluggy does not pass it): for direct calls
     ) -> list[bool]:
         _check_batch(keys)
         self._refuse()
