@@ -521,3 +521,39 @@ def test_a_clear_by_a_writer_that_exited_stays_after_its_log_is_reclaimed(tmp_pa
             c.store.backend.segments._drop_dead_logs()  # what eviction runs under max_bytes
         with CacheController(_cfg(root), _pool(4)) as d:
             assert d.query(_hashes(4)).pages == 0
+
+
+def test_a_page_split_over_runs_is_stored_only_if_every_run_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs hold whole components, so a page's K and V may go in different ``pwritev`` calls:
+    the page whose V failed is not stored (no record), its neighbours are."""
+    import errno
+
+    import hicache_file._segments as segments
+
+    monkeypatch.setattr(segments, "CHUNK", 16 * 1024)  # one 16 KiB component per run
+    real, calls = os.pwritev, {"n": 0}
+
+    def pwritev(fd: int, bufs: list, offset: int) -> int:
+        calls["n"] += 1
+        if calls["n"] == 4:  # page 1's V (runs go in order with one I/O thread)
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return real(fd, bufs, offset)
+
+    monkeypatch.setattr(os, "pwritev", pwritev)
+    pool, root, hs = _pool(4), tmp_path / "r", _hashes(4)
+    want = pages(pool, range(4))
+    with CacheController(_cfg(root, direct_io=False, io_threads=1), pool) as ctl:
+        assert ctl.backup(hs, range(4)).per_pool[PoolName.KV] == [True, False, True, True]
+        stats = ctl.store.backend.stats
+        assert (stats.writes, stats.write_errors) == (6, 2)  # page 1's K is not recorded alone
+    assert calls["n"] == 8
+    monkeypatch.setattr(os, "pwritev", real)
+    zero(pool)
+    with CacheController(_cfg(root, direct_io=False), pool) as ctl:
+        assert [ctl.query([h]).pages for h in hs] == [1, 0, 1, 1]
+        assert ctl.prefetch(hs[:1], [0]).pages == 1
+        assert ctl.prefetch(hs[2:], [2, 3]).pages == 2
+    got = pages(pool, range(4))
+    assert got[0:2] == want[0:2] and got[4:8] == want[4:8]

@@ -56,6 +56,8 @@ from hicache_core import (
 if TYPE_CHECKING:  # heavy (torch / pydantic); annotations only
     from hicache_core import HostPool, PoolTransfer, StorageConfig
 
+    from ._segments import SegmentStore
+
 from . import _format as fmt
 from ._clear import clear_namespace
 from ._dirs import ABSENT, Dir
@@ -64,8 +66,6 @@ from ._options import FileOptions
 from ._page_io import PageIo
 from ._pool_io import PoolIo, Post, tensor_iov
 from ._publish import open_root
-from ._segmap import check_key_batch, close_all, page_groups
-from ._segments import SegmentStore
 from ._stats import FileStats, _Tally
 
 __all__ = ["FileBackend"]
@@ -124,6 +124,9 @@ class FileBackend(PageIo):
         self.scan_seconds = 0.0  # the open-time scan (only with max_bytes)
         self.segments: SegmentStore | None = None  # layout "segments": every batch goes there
         if segments:
+            from ._segmap import close_all  # the segment modules load only for a segments store
+            from ._segments import SegmentStore
+
             pool = weakref.WeakMethod(self._pool)  # the finalizer below must not keep self alive
             try:
                 self.segments = SegmentStore(
@@ -359,9 +362,9 @@ class FileBackend(PageIo):
         if ex is None:
             with self._executor_lock:
                 if self._executor is None and not self._closed:
-                    self._executor = ThreadPoolExecutor(
-                        self.options.io_threads - 1, thread_name_prefix="hicache-file"
-                    )
+                    n = self.options.io_threads  # segments: more O_DIRECT runs in flight (_segio)
+                    n = max(n, 8) if self.options.layout == "segments" else n
+                    self._executor = ThreadPoolExecutor(n - 1, thread_name_prefix="hicache-file")
                 ex = self._executor
         return ex
 
@@ -464,6 +467,8 @@ class FileBackend(PageIo):
         posts: list[Post | None] | None,
         shape: list[tuple[int, int]] | None,
     ) -> list[bool]:
+        from ._segmap import check_key_batch, page_groups
+
         seg = self.segments
         assert seg is not None
         check_key_batch(keys, self._valid)

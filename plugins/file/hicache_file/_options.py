@@ -81,7 +81,7 @@ class FileOptions(BaseModel):
     a probe at open succeeds (it fails on tmpfs before Linux 6.6 and on some network filesystems:
     then buffered I/O, with one log line naming the fallback); ``"auto"`` (default): ``O_DIRECT``
     writes only with ``fsync`` (buffered otherwise, so the pages stay in the page cache), and
-    reads take what the page cache holds first (``RWF_NOWAIT``) and the rest with ``O_DIRECT``;
+    a read run that the page cache holds whole (``cachestat(2)``) is read from there, others with ``O_DIRECT``;
     ``False``: always buffered (pages then stay in the page cache).
     """
 

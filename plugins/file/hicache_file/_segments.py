@@ -50,12 +50,15 @@ from ._publish import HOST
 from ._segio import (
     CHUNK,
     CORRUPT,
+    DIRECT_DEPTH,
+    DIRECT_RUN,
     O_DIRECT,
     OK,
     Seg,
     close_seg,
     probe_direct,
     read_run,
+    split_runs,
     sync_parallel,
     write_run,
 )
@@ -170,12 +173,13 @@ class SegmentStore(SegIndex):
         m = self._map
         return [k in m for k in keys]
 
-    def _parallel(self, work: Sequence[Callable[[], Any]], nbytes: int) -> list[Any]:
-        """Run ``work`` on the caller's thread and the pool's; results in order."""
+    def _parallel(self, work: Sequence[Callable[[], Any]], nbytes: int, direct: bool) -> list[Any]:
+        """Run ``work`` on the caller's thread and the pool's (``DIRECT_DEPTH`` at once for
+        ``direct`` I/O); results in order."""
         ex = self._executor() if len(work) > 1 and self._threads > 1 and nbytes >= self._min_par else None
         if ex is None:
             return [w() for w in work]
-        k = min(self._threads, len(work))
+        k = min(max(self._threads, DIRECT_DEPTH) if direct else self._threads, len(work))
         bounds = [len(work) * i // k for i in range(k + 1)]
 
         def part(lo: int, hi: int) -> list[Any]:
@@ -209,13 +213,14 @@ class SegmentStore(SegIndex):
                 wanted.append((loc[0], loc[1], loc[2], loc[3], i))
         wanted.sort()
         runs: list[list[tuple[str, int, int, int, int]]] = []
+        limit = DIRECT_RUN if self.direct else CHUNK
         for w in wanted:
             last = runs[-1][-1] if runs else None
             if (
                 last is not None
                 and last[0] == w[0]
                 and last[1] + align(last[2]) == w[1]
-                and w[1] + w[2] - runs[-1][0][1] <= CHUNK
+                and w[1] + w[2] - runs[-1][0][1] <= limit
             ):
                 runs[-1].append(w)
             else:
@@ -231,7 +236,7 @@ class SegmentStore(SegIndex):
                     except OSError as err:
                         fds[seg] = err
             work = [partial(self._read, run, fds[run[0][0]], iovs) for run in runs]
-            results = self._parallel(work, sum(w[2] for w in wanted))
+            results = self._parallel(work, sum(w[2] for w in wanted), self.direct)
         finally:
             self._leave()
         bad: list[tuple[str, str]] = []
@@ -389,15 +394,8 @@ class SegmentStore(SegIndex):
         counts = {"skipped_writes": skipped, "writes": 0, "bytes_written": 0, "write_errors": 0}
         if not todo:
             return ok, counts
-        chunks: list[list[list[int]]] = [[]]
-        size = 0
-        for g in todo:
-            gb = sum(align(sizes[i]) for i in g)
-            if size and size + gb > CHUNK:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(g)
-            size += gb
+        # a page's components may span runs: its record is written only if all of them were
+        runs = split_runs([i for g in todo for i in g], sizes, DIRECT_RUN if self.direct_write else CHUNK)
         total = sum(align(sizes[i]) for g in todo for i in g)
         try:
             seg, base = self._reserve(total)
@@ -406,26 +404,30 @@ class SegmentStore(SegIndex):
         try:
             starts = []
             off = base
-            for c in chunks:
+            for r in runs:
                 starts.append(off)
-                off += sum(align(sizes[i]) for g in c for i in g)
-            work = [partial(self._write, seg.fd, o, c, iovs, sizes) for c, o in zip(chunks, starts)]
-            results = self._parallel(work, total)
-            recs: list[bytes] = []
-            done: list[tuple[int, list[tuple[str, int, int]]]] = []
+                off += sum(align(sizes[i]) for i in r)
+            work = [partial(self._write, seg.fd, o, r, iovs, sizes) for r, o in zip(runs, starts)]
+            digests: list[int | None] = []
             first_err: OSError | None = None
-            t = time.time_ns()
-            for c, o, res in zip(chunks, starts, results):
+            for r, res in zip(runs, self._parallel(work, total, self.direct_write)):
                 if isinstance(res, OSError):
                     first_err = first_err or res
-                    counts["write_errors"] += sum(len(g) for g in c)
-                    continue
-                it = iter(res)
-                for g in c:
-                    entries = [(keys[i], sizes[i], next(it)) for i in g]
+                    res = [None] * len(r)
+                digests += res
+            recs: list[bytes] = []
+            done: list[tuple[int, list[tuple[str, int, int]]]] = []
+            t = time.time_ns()
+            it, o = iter(digests), base
+            for g in todo:
+                got = [next(it) for _ in g]
+                if None in got:
+                    counts["write_errors"] += len(g)
+                else:
+                    entries = [(keys[i], sizes[i], d) for i, d in zip(g, got) if d is not None]
                     recs.append(put_record(self._seed, seg.n, t, o, entries))
                     done.append((o, entries))
-                    o += sum(align(sizes[i]) for i in g)
+                o += sum(align(sizes[i]) for i in g)
             if recs:
                 try:
                     with self._wlock:
@@ -469,10 +471,8 @@ class SegmentStore(SegIndex):
         sync_parallel(log_fd, [seg_fd], dirs, self._executor() if self._threads > 1 else None)
         self._dirty_dirs.difference_update(dirs)
 
-    def _write(
-        self, fd: int, offset: int, chunk: list[list[int]], iovs: list[list[Any]], sizes: list[int]
-    ) -> Any:
-        items = [([memoryview(p).cast("B") for p in iovs[i]], sizes[i]) for g in chunk for i in g]
+    def _write(self, fd: int, offset: int, run: list[int], iovs: list[list[Any]], sizes: list[int]) -> Any:
+        items = [([memoryview(p).cast("B") for p in iovs[i]], sizes[i]) for i in run]
         try:
             return write_run(fd, self.direct_write, offset, items)
         except OSError as err:
