@@ -191,7 +191,13 @@ class FileBackend(PageIo):
         )
 
     @hookimpl
-    def hicache_batch_io_v1(self, op: IoOp, keys: Sequence[str], buffers: Sequence[Any] | None) -> list[bool]:
+    def hicache_batch_io_v1(
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        buffers: Sequence[Any] | None,
+        pool_name: PoolName | None = None,  # unused (pluggy does not pass it): for direct calls
+    ) -> list[bool]:
         """Per-key exists/get/set; ``buffers`` are uint8 CPU views (strided ones allowed)."""
         op = IoOp(op)
         if not keys:
