@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 import xxhash
-from hicache_nixl import NixlBackend, _agent, _backend
+from hicache_nixl import NixlBackend, _agent, _backend, _format
 from nixl_util import S3Server, controller, fill, hex_hash, kv_pool, matches
 
 import hicache_core as hc
@@ -113,9 +113,29 @@ def test_posix_moves_registered_pool_memory_without_a_copy(
             pytest.fail(f"a bounce buffer of {nbytes} bytes was allocated for registered pool memory")
         return real(nbytes, align)
 
-    real = _backend.aligned_empty
-    monkeypatch.setattr(_backend, "aligned_empty", no_bounce)
+    real = _format.aligned_empty
+    monkeypatch.setattr(_format, "aligned_empty", no_bounce)  # imported where used ...
+    monkeypatch.setattr(_backend, "aligned_empty", no_bounce, raising=False)  # ... or at module level
     _roundtrip({"root": str(tmp_path)}, layout=layout)
+
+
+def test_adjacent_components_move_as_one_run_per_registered_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page_first batch goes as one descriptor per pool buffer (its pages are adjacent in memory
+    and placed so in the segment), never one spanning two registered buffers (NIXL refuses it)."""
+    real = _agent.Agent.transfer
+    seen: list[tuple[str, list[int], bool]] = []
+
+    def spy(self: Any, op: str, local: Any, remote: Any, mem: str, keep: Any = None) -> bool:
+        ok = real(self, op, local, remote, mem, keep)
+        seen.append((op, [n for _, n, _ in local], ok))
+        return ok
+
+    monkeypatch.setattr(_agent.Agent, "transfer", spy)
+    _roundtrip({"root": str(tmp_path)}, pages=6)  # components of 8 KiB: a K run and a V run of 48 KiB
+    assert [op for op, _, _ in seen] == ["WRITE", "READ"]
+    assert all(ok and sizes == [6 * 8192, 6 * 8192] for _, sizes, ok in seen), seen
 
 
 def _aligned_pool(pages: int) -> Any:

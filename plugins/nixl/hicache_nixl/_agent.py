@@ -8,7 +8,6 @@ needs ``libcuobjclient.so.1``, which no wheel ships. The agent runs without a li
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import importlib.util
 import itertools
@@ -102,6 +101,11 @@ class Agent:
         self._pending: list[Any] = []  # transfer handles NIXL could not abort when abandoned
         self._lock = threading.Lock()
         self.shared = False  # a process-wide agent (obj): close() leaves it running
+        # first address of each registered DRAM region -> registrations starting there: a
+        # transfer descriptor must lie in one region, so runs are never merged across these
+        self.bounds: dict[int, int] = {}
+        # id(registration handle) -> (the handle, kept so its id is not reused; its region starts)
+        self._starts: dict[int, tuple[Any, list[int]]] = {}
 
     def close(self) -> None:
         """Wait (at most ``max(30, 2 * timeout_s)`` s) for abandoned transfers to end,
@@ -121,6 +125,8 @@ class Agent:
             except Exception:
                 busy += 1
         if busy:
+            import ctypes  # this rare path only: listing backends does not import ctypes
+
             _KEPT.append(self)
             ctypes.pythonapi.Py_IncRef(ctypes.py_object(self.agent))  # never finalized, even at exit
             log.warning(
@@ -155,17 +161,30 @@ class Agent:
         """Register ``(addr, len, dev_id, meta)`` regions of memory type ``mem``; returns the handle."""
         try:
             descs = self.agent.get_reg_descs(items, mem)
-            return self.agent.register_memory(descs, mem, [self.plugin])
+            handle = self.agent.register_memory(descs, mem, [self.plugin])
         except Exception as err:
             raise BackendIOError(
                 f"NIXL could not register {len(items)} {mem} regions: {type(err).__name__}: {err}"
             ) from None
+        if mem == "DRAM":
+            starts = [it[0] for it in items]
+            with self._lock:
+                self._starts[id(handle)] = (handle, starts)
+                for a in starts:
+                    self.bounds[a] = self.bounds.get(a, 0) + 1
+        return handle
 
     def deregister(self, handle: Any) -> None:
         try:
             self.agent.deregister_memory(handle, [self.plugin])
         except Exception as err:  # nothing to recover; the regions die with the agent
             log.debug("hicache nixl: deregister failed: %s", err)
+        with self._lock:
+            for a in self._starts.pop(id(handle), (None, ()))[1]:
+                if self.bounds[a] <= 1:
+                    del self.bounds[a]
+                else:
+                    self.bounds[a] -= 1
 
     # ------------------------------------------------------------------ transfers
     def transfer(

@@ -29,6 +29,7 @@ from hicache_core import (
     DraftIo,
     DraftIoMode,
     IoOp,
+    Layout,
     PoolError,
     PoolName,
     PoolTransfer,
@@ -37,9 +38,7 @@ from hicache_core import (
 )
 
 from ._agent import Agent, availability, check_engine
-from ._format import aligned_empty
 from ._options import NixlOptions
-from ._posix import Item, PosixStore
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -47,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hicache_core import HostPool, StorageConfig
 
     from ._obj import ObjStore
+    from ._posix import Item, PosixStore
 
 __all__ = ["NixlBackend"]
 
@@ -92,6 +92,8 @@ class NixlBackend:
         self.options = options
         self.store: PosixStore | ObjStore
         if options.plugin == "posix":
+            from ._posix import PosixStore  # the store's engine modules load when one is opened
+
             self.agent = self._posix_agent(options)
             self.store = PosixStore(self.agent, options.resolved_root(), options.o_direct, options.fsync)
         else:
@@ -129,6 +131,8 @@ class NixlBackend:
     # ------------------------------------------------------------------ pools
     @hookimpl
     def hicache_register_pool(self, pool_name: PoolName, pool: HostPool) -> None:
+        from ._posix import PosixStore
+
         name = PoolName(pool_name)
         with self._lock:
             old = self._regs.pop(name, None)
@@ -174,6 +178,8 @@ class NixlBackend:
         """SET or GET of ``views`` under ``keys``: zero-copy where registered, else through a buffer."""
         import torch
 
+        from ._posix import Item, PosixStore
+
         posix = isinstance(self.store, PosixStore)
         items: list[Item | None] = []
         bounce: list[tuple[int, torch.Tensor, int]] = []
@@ -190,6 +196,8 @@ class NixlBackend:
         arena = None
         reg = None
         if bounce:
+            from ._format import aligned_empty
+
             arena = aligned_empty(size)
             flat = torch.from_numpy(arena)
             base = arena.ctypes.data
@@ -215,6 +223,35 @@ class NixlBackend:
                 if flags[i]:
                     v.copy_(flat[off : off + v.numel()].view(v.shape))
         return flags
+
+    def _direct(self, pool: HostPool) -> bool:
+        """Whether the pages of ``pool`` are described straight from its ``page_meta``: a
+        ``page_first`` pool whose buffers are registered with the posix agent as they are now."""
+        from ._posix import PosixStore
+
+        return (
+            isinstance(self.store, PosixStore)
+            and pool.layout is Layout.PAGE_FIRST
+            and any(p is pool for p in self._pools.values())
+            and self._registered(_spans(pool))
+        )
+
+    def _direct_io(
+        self, op: IoOp, plans: Sequence[tuple[tuple[str, ...], HostPool, Sequence[int]]]
+    ) -> list[bool]:
+        """SET or GET of registered ``page_first`` pages, one run of pool memory per component (no
+        tensor view per page: ``page_meta`` gives the addresses)."""
+        from ._posix import Item, PosixStore
+
+        items = []
+        for keys, pool, indices in plans:
+            it = iter(keys)
+            for page in pool.page_meta(indices):
+                for addr, n in page:
+                    items.append(Item(next(it), [(addr, n)] if n else [], n))
+        store = self.store
+        assert isinstance(store, PosixStore)
+        return store.put(items) if op is IoOp.SET else store.get(items)
 
     @hookimpl
     def hicache_batch_io_v1(
@@ -261,16 +298,20 @@ class NixlBackend:
                     f"for {len(t.host_indices)} pages of {ncomp} components; resolve keys with store.page_keys() "
                     "(CacheController does)"
                 )
-            views = [] if op is IoOp.EXISTS else [v for page in pool.page_views(t.host_indices) for v in page]
-            plans.append((keys, views, ncomp))
-        all_keys = [k for keys, _, _ in plans for k in keys]
-        if op is IoOp.EXISTS:
-            flags = self.store.exists(all_keys) if all_keys else []
+            plans.append((keys, pool, t.host_indices, ncomp))
+        all_keys = [k for keys, _, _, _ in plans for k in keys]
+        if not all_keys:
+            flags: list[bool] = []
+        elif op is IoOp.EXISTS:
+            flags = self.store.exists(all_keys)
+        elif all(self._direct(pool) for _, pool, _, _ in plans):
+            flags = self._direct_io(op, [(keys, pool, idx) for keys, pool, idx, _ in plans])
         else:
-            flags = self._run(op, all_keys, [v for _, views, _ in plans for v in views]) if all_keys else []
+            views = [v for _, pool, idx, _ in plans for page in pool.page_views(idx) for v in page]
+            flags = self._run(op, all_keys, views)
         out: list[list[bool]] = []
         off = 0
-        for keys, _, ncomp in plans:
+        for keys, _, _, ncomp in plans:
             part, off = flags[off : off + len(keys)], off + len(keys)
             out.append([all(part[j : j + ncomp]) for j in range(0, len(part), ncomp)])
         return out

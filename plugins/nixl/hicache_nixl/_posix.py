@@ -61,6 +61,10 @@ ORPHAN_MAX_AGE_S = 3600.0
 _ALIGN = 4096
 _HOST = xxhash.xxh3_64_hexdigest(socket.gethostname().encode())[:8]
 _SEGMENT = re.compile(r"([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}-[0-9]+")
+# Runs adjacent in memory and in a file are merged into one NIXL descriptor up to this size:
+# 32 MiB moved as 16 KiB I/Os took ~38 % longer than as 256 KiB I/Os, while buffered writes of
+# 16 MiB per I/O into new files took 7-14x longer than 256 KiB ones (benchmarks/README.md)
+_RUN_MAX = 256 << 10
 
 
 @dataclass
@@ -195,20 +199,37 @@ class PosixStore:
     def _refresh(self) -> None:
         """Apply the records appended to the log since the last call (by any store)."""
         with self._lock:
-            size = os.fstat(self.log_fd).st_size
-            if size <= self._pos:
-                return
-            used, skipped, records = parse(os.pread(self.log_fd, size - self._pos, self._pos))
-            if skipped:
-                log.warning(
-                    "hicache nixl: %d damaged bytes of %s/%s skipped (their pages are misses)",
-                    skipped,
-                    self.root,
-                    LOG_NAME,
-                )
-            for rec in records:
+            self._catch_up()
+
+    def _catch_up(self) -> None:
+        """``_refresh`` with the lock held."""
+        size = os.fstat(self.log_fd).st_size
+        if size <= self._pos:
+            return
+        used, skipped, records = parse(os.pread(self.log_fd, size - self._pos, self._pos))
+        if skipped:
+            log.warning(
+                "hicache nixl: %d damaged bytes of %s/%s skipped (their pages are misses)",
+                skipped,
+                self.root,
+                LOG_NAME,
+            )
+        for rec in records:
+            self._apply(rec)
+        self._pos += used
+
+    def _publish(self, rec: Record) -> None:
+        """Append ``rec`` and apply it. When the log grew by exactly this record, the record is
+        ours and is applied as built (not read back and parsed); else the log is read as usual."""
+        data = pack(rec.kind, rec.name, rec.entries)
+        with self._lock:
+            self._catch_up()
+            self._append(data)
+            if os.fstat(self.log_fd).st_size == self._pos + len(data):
                 self._apply(rec)
-            self._pos += used
+                self._pos += len(data)
+                return
+        self._refresh()
 
     def _apply(self, rec: Record) -> None:
         m, live = self._map, self._live
@@ -274,10 +295,12 @@ class PosixStore:
             return out
         assert shard is not None  # create=True: opened or raised
         batch = [items[i] for i in todo]
-        offs, pos = [], 0
-        for it in batch:
-            offs.append(pos)
-            pos += -(-it.length // BLOCK) * BLOCK
+        # objects placed in the order of their pool addresses: objects adjacent in memory are
+        # adjacent in the segment too, and NIXL moves each such run as one I/O (see _xfer)
+        offs, pos = [0] * len(batch), 0
+        for j in sorted(range(len(batch)), key=lambda j: batch[j].segments[0][0] if batch[j].segments else 0):
+            offs[j] = pos
+            pos += -(-batch[j].length // BLOCK) * BLOCK
         fd = self._create(name, shard, self.o_direct and all(it.aligned() for it in batch))
         if fd < 0:
             return out
@@ -299,7 +322,7 @@ class PosixStore:
                 good = [j for j in good if offs[j] + batch[j].length <= size]
             if good:
                 entries = [Entry(batch[j].key, offs[j], batch[j].length, sums[j]) for j in good]
-                self._append(pack(PUT, name, entries))
+                self._publish(Record(PUT, name, entries))
                 published = True
                 for j in good:
                     out[todo[j]] = True
@@ -313,8 +336,6 @@ class PosixStore:
                         os.unlink(name, dir_fd=shard)
                     except OSError:
                         pass
-        if published:
-            self._refresh()
         return out
 
     def _create(self, name: str, shard: int, direct: bool) -> int:
@@ -458,17 +479,36 @@ class PosixStore:
         which: list[int],
         hold: Hold,
     ) -> bool:
-        # one descriptor per run: merging runs adjacent in memory and in the file into one
-        # large I/O measured 3x slower per batch with NIXL's POSIX AIO here (benchmarks/README.md)
-        local: list[tuple[int, int, int]] = []
-        remote: list[tuple[int, int, int]] = []
+        # one descriptor per run of bytes adjacent both in memory and in one file (up to
+        # _RUN_MAX, never across a registered region's start): NIXL's POSIX plugin issues one
+        # I/O per descriptor (benchmarks/README.md, "The nixl backend")
+        runs: list[tuple[int, int, int, int]] = []
         for j in which:
             fd, off = fds[j], offs[j]
             for addr, n in items[j].segments:
                 if n:
-                    local.append((addr, n, 0))
-                    remote.append((off, n, fd))
+                    runs.append((addr, n, fd, off))
                     off += n
+        runs.sort()
+        bounds = self.agent.bounds  # a descriptor stays within one registered region
+        local: list[tuple[int, int, int]] = []
+        remote: list[tuple[int, int, int]] = []
+        end = last_fd = end_off = -1
+        for addr, n, fd, off in runs:
+            if (
+                addr == end
+                and fd == last_fd
+                and off == end_off
+                and addr not in bounds
+                and local[-1][1] + n <= _RUN_MAX
+            ):
+                a, m, _ = local[-1]
+                local[-1] = (a, m + n, 0)
+                remote[-1] = (remote[-1][0], m + n, fd)
+            else:
+                local.append((addr, n, 0))
+                remote.append((off, n, fd))
+            end, last_fd, end_off = addr + n, fd, off + n
         return self.agent.transfer(op, local, remote, "FILE", keep=hold)
 
     # ------------------------------------------------------------------- admin
