@@ -255,7 +255,11 @@ class NixlBackend:
 
     @hookimpl
     def hicache_batch_io_v1(
-        self, op: IoOp, keys: Sequence[str], buffers: Sequence[torch.Tensor] | None
+        self,
+        op: IoOp,
+        keys: Sequence[str],
+        buffers: Sequence[torch.Tensor] | None,
+        pool_name: PoolName | None = None,  # unused (pluggy does not pass it): for direct calls
     ) -> list[bool]:
         op = IoOp(op)
         keys = tuple(keys)  # checked and used: the same immutable batch

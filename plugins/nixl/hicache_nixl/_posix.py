@@ -51,6 +51,7 @@ from ._index import BLOCK, CLEAR, DROP, PUT, Entry, Record, pack, parse
 __all__ = ["Item", "PosixStore"]
 
 log = logging.getLogger("hicache.nixl")
+_GONE = -2  # _open_segment: no segment file by that name
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -367,10 +368,13 @@ class PosixStore:
                 groups.setdefault(e[0], []).append(i)
         fds: dict[str, int] = {}
         damaged: list[int] = []
+        gone: list[int] = []
         live: list[int] = []
         try:
             for seg, idx in groups.items():
                 fd = self._open_segment(seg, self.o_direct and all(items[i].aligned() for i in idx))
+                if fd == _GONE:  # no segment file there (deleted, or a planted non-file): dropped
+                    gone.extend(idx)
                 if fd < 0:
                     continue
                 fds[seg] = fd
@@ -399,42 +403,47 @@ class PosixStore:
             for fd in fds.values():
                 os.close(fd)
         if damaged:
-            self._drop([(items[i].key, ents[i]) for i in damaged])  # type: ignore[misc]
+            self._drop([(items[i].key, ents[i]) for i in damaged], "failed its checksum")  # type: ignore[misc]
+        if gone:
+            self._drop([(items[i].key, ents[i]) for i in gone], "has no segment file")  # type: ignore[misc]
         return out
 
     def _open_segment(self, name: str, direct: bool) -> int:
+        """A read fd of segment ``name``; :data:`_GONE` when there is no such regular file (its
+        entries are dropped), ``-1`` when it cannot be opened now (a miss, nothing dropped)."""
         try:
             d = self._shard(shard_of(name), create=False)
         except BackendIOError as err:
             log.warning("%s", err)
             return -1
         if d is None:
-            return -1
+            return _GONE
         flags = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC
         try:
             fd = os.open(name, flags | (O_DIRECT if direct else 0), dir_fd=d)
         except FileNotFoundError:
-            return -1  # cleared meanwhile by another store
+            return _GONE  # cleared or deleted
         except OSError as err:
             if err.errno == errno.EINVAL and direct:
                 self.o_direct = False
                 return self._open_segment(name, False)
+            if err.errno == errno.ELOOP:  # a symlink where a segment was: never followed
+                return _GONE
             log.warning("hicache nixl: cannot open segment %s: %s", name, err)
             return -1
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
-            return -1
+            return _GONE
         return fd
 
-    def _drop(self, bad: Sequence[tuple[str, tuple[str, int, int, int]]]) -> None:
-        """Damaged objects: counted, logged, and dropped from the index for every store."""
+    def _drop(self, bad: Sequence[tuple[str, tuple[str, int, int, int]]], why: str) -> None:
+        """Damaged or lost objects: counted, logged, and dropped from the index for every store
+        (a ``DROP`` removes a key only while it still points at that segment)."""
         with self._lock:
             self.integrity_errors += len(bad)
         by_seg: dict[str, list[Entry]] = {}
         for key, (seg, off, n, d) in bad:
-            log.warning(
-                "hicache nixl: %s failed its checksum (segment %s); treated as a miss and dropped", key, seg
-            )
+            log.warning("hicache nixl: %s %s (segment %s); treated as a miss and dropped", key, why, seg)
             by_seg.setdefault(seg, []).append(Entry(key, off, n, d))
         try:
             for seg, entries in by_seg.items():
