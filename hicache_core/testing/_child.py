@@ -6,7 +6,9 @@ one JSON object per line: the first line on stdin opens the store (``config``, `
 ``pages``); then ``{"op": "read", "hashes": [...]}`` (exists + get + sha256 of each component),
 ``{"op": "write", "hashes": [...]}`` (default bytes with salt 11, set; with ``"each": true`` one
 call per page, so that writes of two processes interleave; with ``"start_at"``, a ``time.time()``,
-the first set waits until then, so that the parent can start its own sets at the same moment)
+the first set waits until then, so that the parent can start its own sets at the same moment;
+with ``"warm"`` the first page is set once before that; the reply's ``span`` is the
+``time.time()`` of the first timed set's start and of the last one's end)
 or ``{"op": "exit"}``.
 Each reply is one stdout line prefixed with :data:`PREFIX` (other output is ignored).
 """
@@ -78,12 +80,16 @@ def main() -> int:
                 for views, h in zip(pool.page_views(range(len(hashes))), hashes):
                     for comp, v in zip(pool.components, views):
                         v.copy_(default_page_bytes(h, comp, v.numel(), WRITE_SALT).view(v.shape))
+                if cmd.get("warm") and hashes:  # the first set's one-time costs, before start_at
+                    io(IoOp.SET, hashes[:1])
                 time.sleep(max(0.0, float(cmd.get("start_at", 0.0)) - time.time()))
+                began = time.time()
                 if cmd.get("each"):
                     flags = [io(IoOp.SET, [h], [i])[0] for i, h in enumerate(hashes)]
                 else:
                     flags = io(IoOp.SET, hashes)
-                _emit({"digests": digests(len(hashes)), "set": flags})
+                span = [began, time.time()]
+                _emit({"digests": digests(len(hashes)), "set": flags, "span": span})
             else:
                 break
     _emit({"closed": True})

@@ -15,6 +15,6 @@ def test_on_values(on: str) -> None:
 
 @pytest.mark.parametrize("bad", ["maybe", "2", "enable", "-1"])
 def test_other_values_are_refused(bad: str) -> None:
-    with pytest.raises(hc.ConfigError, match="HICACHE_TRACE=.* is not a boolean switch") as info:
+    with pytest.raises(hc.ConfigError, match=r"HICACHE_TRACE=.* is not a boolean switch") as info:
         env.env_flag("HICACHE_TRACE", {"HICACHE_TRACE": bad})
     assert isinstance(info.value, ValueError)
