@@ -38,6 +38,7 @@ __all__ = [
     "ControllerSettings",
     "PrefetchPolicy",
     "StorageConfig",
+    "expand_path",
     "format_validation_error",
     "load_config",
     "read_config_file",
@@ -46,6 +47,7 @@ __all__ = [
 
 # Config and options files are small: a larger one (or /dev/zero) is refused before parsing.
 MAX_CONFIG_FILE_BYTES = 4 << 20
+_UNSET_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 log = logging.getLogger("hicache")
 
@@ -377,6 +379,24 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if "hicache" in data and isinstance(data["hicache"], dict) and len(data) == 1:
         data = data["hicache"]  # allow a [hicache] table / top-level key
     return dict(data)
+
+
+def expand_path(value: str, field: str = "root") -> str:
+    """``value`` with ``~`` and ``$VARS`` expanded, made absolute: for a backend's path options.
+
+    Raises :class:`ValueError` naming ``field`` for an empty path, a NUL byte, or an environment
+    variable that is not set (``os.path.expandvars`` would leave ``$VAR`` in the path, and a
+    directory literally named ``$VAR`` would be created under the working directory)."""
+    if not value.strip() or "\0" in value:
+        raise ValueError(f"{field} must be a non-empty path without NUL bytes")
+    expanded = os.path.expandvars(value)
+    unset = _UNSET_VAR.search(expanded)
+    if unset:
+        name = unset.group(1).strip("{}")
+        raise ValueError(
+            f"{field} {value!r}: the environment variable ${name} is not set; set it or give the path"
+        )
+    return os.path.abspath(os.path.expanduser(expanded))
 
 
 def read_small_file(path: str | os.PathLike[str]) -> bytes:

@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hicache_core.config import expand_path
+
 __all__ = ["FileOptions", "default_root", "parse_size"]
 
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?B?)\s*", re.IGNORECASE)
@@ -113,17 +115,7 @@ class FileOptions(BaseModel):
     @field_validator("root")
     @classmethod
     def _expand_root(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.strip() or "\0" in value:
-            raise ValueError("root must be a non-empty path without NUL bytes")
-        expanded = os.path.expandvars(value)
-        unset = re.search(r"\$(\w+|\{[^}]*\})", expanded)  # expandvars leaves unset variables as they are
-        if unset:
-            raise ValueError(
-                f"root {value!r}: the environment variable ${unset.group(1).strip('{}')} is not set; set it or give the path"
-            )
-        return os.path.abspath(os.path.expanduser(expanded))
+        return None if value is None else expand_path(value, "root")
 
     @field_validator("max_bytes", "parallel_min_bytes", mode="before")
     @classmethod

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hicache_core.config import expand_path
+
 __all__ = ["CREDENTIAL_ENV", "NixlOptions", "default_root"]
 
 # Credentials of the OBJ plugin: read from these environment variables when a store opens, passed
@@ -67,17 +69,7 @@ class NixlOptions(BaseModel):
     @field_validator("root")
     @classmethod
     def _expand_root(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        if not value.strip() or "\0" in value:
-            raise ValueError("root must be a non-empty path without NUL bytes")
-        expanded = os.path.expandvars(value)
-        unset = re.search(r"\$(\w+|\{[^}]*\})", expanded)  # expandvars leaves unset variables as they are
-        if unset:
-            raise ValueError(
-                f"root {value!r}: the environment variable ${unset.group(1).strip('{}')} is not set; set it or give the path"
-            )
-        return os.path.abspath(os.path.expanduser(expanded))
+        return None if value is None else expand_path(value, "root")
 
     @field_validator("endpoint")
     @classmethod
