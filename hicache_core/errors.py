@@ -7,9 +7,10 @@ Messages say what went wrong *and* how to fix it.
 
 Every public constructor and call checks its arguments up front: a wrong type raises
 :class:`ArgumentTypeError` (a ``TypeError``) or, where a more specific class already covers the
-argument, that class (``KeyFormatError`` for page hashes, ``BatchShapeError`` for host indices,
-``PoolError`` for pools, ``BackendContractError`` for what a backend declares); a wrong value
-raises the specific ``ValueError`` subclass. Either way the message names the argument, and no
+argument, that class or its type twin (:class:`KeyTypeError` for page hashes and keys,
+:class:`BatchTypeError` for host indices and token ids: each is both the specific ``ValueError``
+subclass and an ``ArgumentTypeError``), ``PoolError`` for pools, ``BackendContractError`` for
+what a backend declares; a wrong value raises the specific ``ValueError`` subclass. Either way the message names the argument, and no
 bare ``TypeError``/``AttributeError`` or pydantic ``ValidationError`` comes out of hicache.
 """
 
@@ -23,10 +24,12 @@ __all__ = [
     "BackendTimeoutError",
     "BackendUnavailableError",
     "BatchShapeError",
+    "BatchTypeError",
     "ClosedError",
     "ConfigError",
     "HiCacheError",
     "KeyFormatError",
+    "KeyTypeError",
     "OperationNotSupportedError",
     "OptionsError",
     "PoolError",
@@ -80,6 +83,17 @@ class KeyFormatError(HiCacheError, ValueError):
 
 class BatchShapeError(HiCacheError, ValueError):
     """Batch arguments disagree: mismatched lengths, wrong buffer size, dtype or device."""
+
+
+class KeyTypeError(KeyFormatError, ArgumentTypeError):
+    """A page hash or storage key, or the batch holding them, has the wrong type (an int, bytes,
+    ``None``, a lone str where a sequence is expected): a ``KeyFormatError`` that is also an
+    ``ArgumentTypeError``, so ``except TypeError`` and ``except ValueError`` both catch it."""
+
+
+class BatchTypeError(BatchShapeError, ArgumentTypeError):
+    """A batch argument (host page indices, token ids, a page size) has the wrong type or dtype:
+    a ``BatchShapeError`` that is also an ``ArgumentTypeError`` (a ``TypeError``)."""
 
 
 class BackendIOError(HiCacheError, OSError):

@@ -12,7 +12,7 @@ from enum import Enum
 from operator import countOf
 from typing import TYPE_CHECKING, Any, TypeVar, Union
 
-from .errors import ArgumentTypeError, BackendContractError, BatchShapeError, PoolError
+from .errors import ArgumentTypeError, BackendContractError, BatchShapeError, BatchTypeError, PoolError
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -275,7 +275,7 @@ def _as_int_tuple(values: Iterable[int] | Any) -> tuple[int, ...]:
         if countOf(map(type, out), int) != len(out):
             out = tuple(map(_index, out))
     except (TypeError, ValueError):
-        raise BatchShapeError(
+        raise BatchTypeError(
             f"PoolTransfer: host_indices must be a sequence of int host page indices (or an integer "
             f"tensor), got {values!r:.80}"
         ) from None

@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Sequence
 from typing import Any, Final, Protocol, cast
 
-from ..errors import BatchShapeError, KeyFormatError
+from ..errors import BatchShapeError, BatchTypeError, KeyFormatError, KeyTypeError
 from ..native import load_extension
 
 __all__ = ["page_hashes"]
@@ -97,11 +97,14 @@ def page_hashes(token_ids: object, page_size: int, prior_hash: str | None = None
         its tokens are still validated. Empty or shorter-than-one-page input gives ``[]``.
 
     Raises:
-        BatchShapeError: ``page_size <= 0``; ``token_ids`` not 1-D, not integers, on a
-            non-CPU device, a ``bytes``-like object or ``str``; an id outside ``[0, 2**32)``;
-            or a list that changed size while it was read (an item's ``__index__`` mutated it).
+        BatchShapeError: ``page_size <= 0``; ``token_ids`` not 1-D or on a non-CPU device;
+            an id outside ``[0, 2**32)``; or a list that changed size while it was read (an
+            item's ``__index__`` mutated it). When ``token_ids``, one of its ids or
+            ``page_size`` has the wrong type (a ``str``, ``bytes``, floats, ...) it is the
+            subclass :class:`BatchTypeError`, also a ``TypeError``.
         KeyFormatError: ``prior_hash`` is not ``None`` or a 64-character hex string (an empty
-            string is rejected too, unlike SGLang which treats it as ``None``).
+            string is rejected too, unlike SGLang which treats it as ``None``); a
+            :class:`KeyTypeError` (also a ``TypeError``) when it is not a ``str``.
     """
     return _page_hashes(token_ids, page_size, prior_hash, _NATIVE)
 
@@ -114,21 +117,30 @@ def _page_hashes(
     prior = _check_prior(prior_hash)
     tokens, check_sign = _prepare(token_ids, native is not None)
     if native is not None:
+        n = len(tokens) if type(tokens) is list else -1
         try:
             # A page size beyond sys.maxsize (the C side's Py_ssize_t) has no full page either way.
             return native.page_hashes(tokens, min(size, sys.maxsize), prior, check_sign)
         except _CONVERSION_ERRORS as exc:
-            raise BatchShapeError(str(exc)) from exc
+            if n >= 0 and len(tokens) != n:  # type: ignore[arg-type]  # an item's __index__ resized it
+                raise BatchShapeError(_CHANGED_SIZE) from exc
+            raise _conversion_error(exc, str(exc)) from exc
     return _chain_python(tokens, size, prior, check_sign)
+
+
+def _conversion_error(exc: BaseException, message: str) -> BatchShapeError:
+    """A token that is not an int (``TypeError``) is a :class:`BatchTypeError`; a value out of
+    range or a list that changed size while it was read is a :class:`BatchShapeError`."""
+    return BatchTypeError(message) if isinstance(exc, TypeError) else BatchShapeError(message)
 
 
 def _check_page_size(page_size: object) -> int:
     if isinstance(page_size, bool) or not hasattr(page_size, "__index__"):
-        raise BatchShapeError(f"page_size must be a positive int, got {page_size!r}")
+        raise BatchTypeError(f"page_size must be a positive int, got {page_size!r:.80}")
     try:
         size = int(cast(Any, page_size).__index__())
     except (TypeError, ValueError, OverflowError):  # e.g. a tensor of several elements
-        raise BatchShapeError(f"page_size must be a positive int, got {type(page_size).__name__}") from None
+        raise BatchTypeError(f"page_size must be a positive int, got {type(page_size).__name__}") from None
     if size <= 0:
         raise BatchShapeError(f"page_size must be a positive int (tokens per page), got {size}")
     return size
@@ -144,7 +156,7 @@ def _check_prior(prior_hash: object) -> bytes | None:
             raw = b""
         if len(raw) == 32:
             return raw
-    raise KeyFormatError(
+    raise (KeyFormatError if isinstance(prior_hash, str) else KeyTypeError)(
         f"prior_hash must be None or a sha256 hex digest (64 hex characters), got {prior_hash!r:.90}; "
         "pass the last hash returned by page_hashes() for the preceding pages, or None"
     )
@@ -156,7 +168,7 @@ def _prepare(token_ids: object, native: bool) -> tuple[object, bool]:
     ``check_sign`` is true for int32 buffers, whose negative words the backend must reject.
     """
     if isinstance(token_ids, (bytes, bytearray, str)):
-        raise BatchShapeError(
+        raise BatchTypeError(
             f"token_ids is a {type(token_ids).__name__} object, not a token list; pass the ids as a list of "
             "ints or array('I', ...) (decode raw little-endian uint32 bytes with array('I', data))"
         )
@@ -174,7 +186,7 @@ def _prepare(token_ids: object, native: bool) -> tuple[object, bool]:
         return (token_ids if native else _seq_to_u32(token_ids)), False
     if isinstance(token_ids, Sequence):
         return _seq_to_u32(token_ids), False
-    raise BatchShapeError(
+    raise BatchTypeError(
         f"token_ids must be a 1-D sequence of ints (list, tuple, array.array, numpy array or CPU "
         f"torch tensor), got {type(token_ids).__name__}"
     )
@@ -194,7 +206,7 @@ def _from_array(arr: array[int]) -> tuple[object, bool]:
         return _to_le(arr), True
     if arr.typecode in _INT_CODES:
         return _seq_to_u32(arr), False
-    raise BatchShapeError(
+    raise BatchTypeError(
         f"array.array typecode {arr.typecode!r} does not hold integers; use array('I', ...) of token ids"
     )
 
@@ -205,12 +217,12 @@ def _from_memoryview(view: memoryview) -> tuple[object, bool]:
     prefix = view.format[:1] if view.format[:1] in "@=<>!" else ""
     code = view.format[len(prefix) :]
     if code in ("B", "b", "c"):
-        raise BatchShapeError(
+        raise BatchTypeError(
             "token_ids is a byte memoryview, not a token list; if it holds little-endian uint32 ids, "
             "pass view.cast('I') or array('I', view)"
         )
     if len(code) != 1 or code not in _INT_CODES + "nN":
-        raise BatchShapeError(f"memoryview format {view.format!r} is not an integer format; pass token ids")
+        raise BatchTypeError(f"memoryview format {view.format!r} is not an integer format; pass token ids")
     little = prefix == "<" or (prefix in ("", "@", "=") and _LITTLE)
     if view.itemsize == 4 and little and view.c_contiguous:
         return view, code in "il"
@@ -226,7 +238,7 @@ def _from_numpy(arr: Any) -> tuple[object, bool]:
     if arr.ndim != 1:
         raise BatchShapeError(f"token_ids must be 1-D, got a numpy array of shape {arr.shape}; use .ravel()")
     if arr.dtype.kind not in "iu":
-        raise BatchShapeError(f"token_ids must have an integer dtype, got numpy {arr.dtype}")
+        raise BatchTypeError(f"token_ids must have an integer dtype, got numpy {arr.dtype}")
     if arr.dtype.str in ("<u4", "<i4"):
         return _np_le_buffer(arr), arr.dtype.str == "<i4"
     if arr.size:
@@ -257,7 +269,7 @@ def _from_torch(tensor: Any, torch: Any) -> tuple[object, bool]:
     if tensor.dim() != 1:
         raise BatchShapeError(f"token_ids must be 1-D, got a tensor of shape {tuple(tensor.shape)}")
     if tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex():
-        raise BatchShapeError(f"token_ids must have an integer dtype, got {tensor.dtype}")
+        raise BatchTypeError(f"token_ids must have an integer dtype, got {tensor.dtype}")
     if not _numpy_available():  # torch without numpy: one C-level conversion (range-checked)
         return _seq_to_u32(tensor.tolist()), False
     if tensor.dtype == torch.int32:  # zero-copy view of the (contiguous) tensor's memory
@@ -294,7 +306,7 @@ def _seq_to_u32(seq: Sequence[int] | memoryview | array[int]) -> array[int]:
     except _CONVERSION_ERRORS as exc:
         if exact and len(seq) != n:
             raise BatchShapeError(_CHANGED_SIZE) from exc
-        raise BatchShapeError(_describe_bad_token(seq)) from exc
+        raise _conversion_error(exc, _describe_bad_token(seq)) from exc
     if exact and len(seq) != n:
         raise BatchShapeError(_CHANGED_SIZE)
     return _to_le(out)

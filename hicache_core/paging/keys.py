@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from operator import countOf, itemgetter
 from typing import Protocol
 
-from ..errors import KeyFormatError
+from ..errors import KeyFormatError, KeyTypeError
 from ..types import PoolName
 
 __all__ = [
@@ -59,7 +59,7 @@ def check_page_hash(page_hash: object) -> str:
     digit.
     """
     if type(page_hash) is not str:
-        raise KeyFormatError(
+        raise KeyTypeError(
             "page hash must be a str (a hex digest from hicache_core.page_hashes), got "
             f"{type(page_hash).__name__}"
         )
@@ -78,7 +78,7 @@ def check_key(key: object) -> str:
     letter or digit and never contains ``..``: no path separator, no NUL, no parent reference.
     """
     if type(key) is not str:
-        raise KeyFormatError(f"storage key must be a str, got {type(key).__name__}")
+        raise KeyTypeError(f"storage key must be a str, got {type(key).__name__}")
     if not _KEY_RE.fullmatch(key) or ".." in key:
         raise KeyFormatError(
             f"unsafe storage key {key[:80]!r}: keys are 1-{MAX_KEY_LEN} characters from "
@@ -115,7 +115,7 @@ def check_keys(keys: Sequence[str]) -> None:
     """
     if type(keys) is not list and type(keys) is not tuple:  # (an ABC check is a Python call)
         if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
-            raise KeyFormatError(f"keys must be a sequence of key strings, got {type(keys).__name__}")
+            raise KeyTypeError(f"keys must be a sequence of key strings, got {type(keys).__name__}")
     keys = tuple(keys)
     if not keys or _all_valid(keys, MAX_KEY_LEN, _KEY_BYTES):
         return
@@ -135,7 +135,7 @@ class ValidHashes(tuple[str, ...]):
         if type(page_hashes) is ValidHashes:
             return page_hashes
         if isinstance(page_hashes, (str, bytes)):
-            raise KeyFormatError("page_hashes must be a sequence of hash strings, not a single string")
+            raise KeyTypeError("page_hashes must be a sequence of hash strings, not a single string")
         items = tuple(page_hashes)
         if items and not _all_valid(items, MAX_HASH_LEN, _HASH_BYTES):
             for h in items:

@@ -21,6 +21,7 @@ from ..errors import (
     BackendIOError,
     BackendUnavailableError,
     BatchShapeError,
+    BatchTypeError,
     HiCacheError,
     OperationNotSupportedError,
     OptionsError,
@@ -198,7 +199,7 @@ class Store:
         if type(page_hashes) is not ValidHashes and (
             isinstance(page_hashes, (str, bytes)) or not isinstance(page_hashes, Sequence)
         ):
-            raise BatchShapeError(
+            raise BatchTypeError(
                 f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
             )
         name = pool_name if type(pool_name) is PoolName else _pool_name(pool_name)
@@ -267,7 +268,7 @@ class Store:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v2 I/O")
         for t in transfers:
             if not isinstance(t, PoolTransfer):
-                raise BatchShapeError(f"batch_io_v2 takes PoolTransfer objects, got {type(t).__name__}")
+                raise BatchTypeError(f"batch_io_v2 takes PoolTransfer objects, got {type(t).__name__}")
             if t.pool not in self.pools:
                 self.pool(t.pool)  # raises PoolError
         if not transfers:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import ArgumentTypeError, BatchShapeError, HiCacheError, PoolError
+from ..errors import ArgumentTypeError, BatchShapeError, BatchTypeError, HiCacheError, PoolError
 from ..types import HitPolicy, Layout
 from ._args import as_dtype, as_int, as_layout, as_shape, check_allocator, check_name
 
@@ -265,7 +265,7 @@ class HostPool:
                 raise TypeError  # iterable, but not an ordered sequence of page indices
             out = _as_indices(tolist() if tolist is not None else indices)
         except (TypeError, ValueError, NotImplementedError, RuntimeError):  # e.g. a meta-device tensor
-            raise BatchShapeError(
+            raise BatchTypeError(
                 f"host page indices must be integers (a sequence of int or an integer tensor), got {indices!r:.80}"
             ) from None
         if out and (min(out) < 0 or max(out) >= self.num_pages):

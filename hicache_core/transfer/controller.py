@@ -17,7 +17,15 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ..config import PrefetchPolicy, StorageConfig
-from ..errors import ArgumentTypeError, BatchShapeError, ClosedError, ConfigError, HiCacheError, PoolError
+from ..errors import (
+    ArgumentTypeError,
+    BatchShapeError,
+    BatchTypeError,
+    ClosedError,
+    ConfigError,
+    HiCacheError,
+    PoolError,
+)
 from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
 from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
@@ -287,7 +295,9 @@ class CacheController:
     def _prepare_query(self, page_hashes: Sequence[str], window: int, owner: Ownership | None) -> Request:
         self._check_open()
         req = _request(page_hashes, owner)
-        if type(window) is not int or window < 1:
+        if type(window) is not int:
+            raise BatchTypeError(f"trailing_window must be an int >= 1, got {window!r:.80}")
+        if window < 1:
             raise BatchShapeError(f"trailing_window must be an int >= 1, got {window!r}")
         return req
 
@@ -431,13 +441,15 @@ def _request(page_hashes: Sequence[str], owner: Ownership | None) -> Request:
     if not isinstance(page_hashes, (list, tuple)) and isinstance(
         page_hashes, (str, bytes, set, frozenset, Mapping)
     ):  # a set has no page order
-        raise BatchShapeError(
+        raise BatchTypeError(
             f"page_hashes must be an ordered sequence of hash strings, not a {type(page_hashes).__name__}"
         )
     try:
         return Request(page_hashes, owner)
-    except TypeError:
-        raise BatchShapeError(
+    except HiCacheError:
+        raise
+    except TypeError:  # not iterable
+        raise BatchTypeError(
             f"page_hashes must be a sequence of hash strings, got {type(page_hashes).__name__}"
         ) from None
 

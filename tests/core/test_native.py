@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hicache_core.errors import BatchShapeError, HiCacheError, KeyFormatError
+from hicache_core.errors import BatchShapeError, BatchTypeError, HiCacheError, KeyFormatError, KeyTypeError
 from hicache_core.paging import hashes as _hashing
 
 NATIVE = _hashing._NATIVE
@@ -367,7 +367,7 @@ def test_random_torch_tensors(values: list[int], page_size: int, dtype: str, ste
     [b"\x01\0\0\0", bytearray(8), memoryview(b"abcdefgh"), memoryview(bytearray(8)).cast("c"), "1234"],
 )
 def test_bytes_like_inputs_are_rejected_alike(blob: object) -> None:
-    assert assert_twins(lambda: (blob, 1, None)) == ("raised", BatchShapeError)
+    assert assert_twins(lambda: (blob, 1, None)) == ("raised", BatchTypeError)
 
 
 # ---- hostile inputs -------------------------------------------------------------------------------
@@ -397,14 +397,15 @@ def test_hostile_page_sizes(words: list[int], page_size: object, prior: str | No
 
     result = assert_twins(make)
     if isinstance(page_size, bool) or not isinstance(page_size, (int, _IndexOnly)):
-        assert result == ("raised", BatchShapeError)
+        assert result == ("raised", BatchTypeError)
 
 
 @settings(max_examples=150, deadline=None)
 @given(words=st.lists(valid_ints, max_size=40), page_size=st.integers(1, 9), prior=hostile_priors)
 def test_hostile_priors(words: list[int], page_size: int, prior: object) -> None:
-    assert assert_twins(lambda: (array("I", words), page_size, prior)) == ("raised", KeyFormatError)
-    assert assert_twins(lambda: (list(words), page_size, prior)) == ("raised", KeyFormatError)
+    expected = KeyFormatError if isinstance(prior, str) else KeyTypeError
+    assert assert_twins(lambda: (array("I", words), page_size, prior)) == ("raised", expected)
+    assert assert_twins(lambda: (list(words), page_size, prior)) == ("raised", expected)
 
 
 def test_item_shrinking_the_list_is_reported_by_both() -> None:
