@@ -22,6 +22,7 @@ from ..errors import (
     BackendUnavailableError,
     BatchShapeError,
     BatchTypeError,
+    ClosedError,
     HiCacheError,
     OperationNotSupportedError,
     OptionsError,
@@ -161,6 +162,8 @@ class Store:
     # ------------------------------------------------------------------ pools
     def register_pool(self, pool_name: PoolName | str, pool: HostPool) -> None:
         name = _pool_name(pool_name)
+        if self._closed:
+            raise self._closed_error()
         if name not in self.capabilities.pools:
             raise PoolError(
                 f"backend {self.name!r} does not support pool {name.value!r}; it declares "
@@ -247,6 +250,8 @@ class Store:
             )
         if not self.capabilities.v1:
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement v1 I/O")
+        if self._closed:
+            raise self._closed_error()
         if not keys:
             return []
         try:
@@ -271,6 +276,8 @@ class Store:
                 raise BatchTypeError(f"batch_io_v2 takes PoolTransfer objects, got {type(t).__name__}")
             if t.pool not in self.pools:
                 self.pool(t.pool)  # raises PoolError
+        if self._closed:
+            raise self._closed_error()
         if not transfers:
             return []
         try:
@@ -301,6 +308,9 @@ class Store:
             raise
         except Exception as err:
             raise self._plugin_error(name, err) from err
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"store {self.name!r} is closed; open a new one (hicache_core.open_store)")
 
     def _plugin_error(self, hook: str, err: Exception) -> BackendIOError:
         """The :class:`BackendIOError` for a non-hicache exception ``err`` raised by a plugin's hook."""
@@ -339,6 +349,8 @@ class Store:
         """
         if not self.pm.hook.hicache_clear.get_hookimpls():
             raise OperationNotSupportedError(f"backend {self.name!r} does not implement hicache_clear")
+        if self._closed:
+            raise self._closed_error()
         removed = self._call(
             self.pm.hook.hicache_clear, "hicache_clear", namespace=self.keys.scheme.namespace
         )

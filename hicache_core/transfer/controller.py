@@ -11,8 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -72,6 +74,8 @@ class CacheController:
         self._call_pool = ThreadPoolExecutor(
             4 * self.settings.io_threads + 4, thread_name_prefix="hicache-call"
         )
+        if store is not None:
+            _check_same_store_config(config, store)
         self.store = store if store is not None else Store(config)
         try:
             self._attach()
@@ -83,6 +87,7 @@ class CacheController:
         self._running: set[Ownership] = set()  # operations submitted to _executor, not finished
         self._running_changed = threading.Condition()
         self._closed = False
+        _ATTACHED.setdefault(self.store, weakref.WeakSet()).add(self)
 
     # ----------------------------------------------------------------- attach
     def _attach(self) -> None:
@@ -127,6 +132,15 @@ class CacheController:
         for name, pool in self.pools.items():
             if name is PoolName.DRAFT and draft_path is None:
                 continue
+            held = store.pools.get(name)
+            if held is not None and held is not pool and _in_use(store, name, held):
+                # The backend keeps one pool per name (zero-copy I/O addresses its memory), so a
+                # second pool under that name would make the open controller move this memory.
+                raise PoolError(
+                    f"store {store.name!r} already has a different {name.value!r} pool registered "
+                    "(by another CacheController sharing it); a shared store serves one pool group: "
+                    "share the controller, or open a store per pool group"
+                )
             store.register_pool(name, pool)
         self.path = self._transfer_path(self.io_path)
         self.draft_path = self._transfer_path(draft_path) if draft_path is not None else None
@@ -194,7 +208,9 @@ class CacheController:
         pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
         trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
         """
-        return self._run_backup(*self._prepare(page_hashes, host_indices, extra, None))
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, Ownership())
+        with self._tracked(req):
+            return self._run_backup(req, plans, draft)
 
     def backup_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
@@ -204,7 +220,9 @@ class CacheController:
 
     def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
         """How many leading pages can be restored: the minimum over pools under their hit policies."""
-        return self._run_query(self._prepare_query(page_hashes, trailing_window, None), trailing_window)
+        req = self._prepare_query(page_hashes, trailing_window, Ownership())
+        with self._tracked(req):
+            return self._run_query(req, trailing_window)
 
     def query_async(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> Future[QueryResult]:
         req = self._prepare_query(page_hashes, trailing_window, Ownership())
@@ -222,9 +240,9 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
-        return self._run_prefetch(
-            *self._prepare(page_hashes, host_indices, extra, None, load=True), None, None
-        )
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, Ownership(), load=True)
+        with self._tracked(req):
+            return self._run_prefetch(req, plans, draft, None, None)
 
     def prefetch_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
@@ -251,27 +269,40 @@ class CacheController:
         if self._closed:
             raise ClosedError("this CacheController is closed; create a new one to move pages again")
 
-    def _submit(self, fn: Callable[[], T], req: Request) -> Future[T]:
-        owner = req.owner
-        assert owner is not None  # every asynchronous operation has one, for close() to abandon
-        self._check_open()
+    def _start(self, owner: Ownership) -> None:
+        """Count an operation as running (``close`` waits for it, or abandons it when staged)."""
         with self._running_changed:
+            self._check_open()
             self._running.add(owner)
 
-        def run() -> T:
-            try:
-                return fn()
-            finally:
-                with self._running_changed:
-                    self._running.discard(owner)
-                    self._running_changed.notify_all()
+    def _finish(self, owner: Ownership) -> None:
+        with self._running_changed:
+            self._running.discard(owner)
+            self._running_changed.notify_all()
 
+    @contextmanager
+    def _tracked(self, req: Request) -> Iterator[None]:
+        """A synchronous operation, running in the caller's thread, counted like a queued one."""
+        owner = req.owner
+        assert owner is not None
+        self._start(owner)
         try:
-            return self._executor.submit(run)
+            yield
+        finally:
+            self._finish(owner)
+
+    def _submit(self, fn: Callable[[], T], req: Request) -> Future[T]:
+        owner = req.owner
+        assert owner is not None  # every operation has one, for close() to wait for or abandon
+        self._start(owner)
+        try:
+            future = self._executor.submit(fn)
         except BaseException:
-            with self._running_changed:
-                self._running.discard(owner)
+            self._finish(owner)
             raise
+        # Runs when fn ends and also when the future is cancelled before it started.
+        future.add_done_callback(lambda _: self._finish(owner))
+        return future
 
     def _prepare(
         self,
@@ -283,8 +314,8 @@ class CacheController:
     ) -> tuple[Request, list[Plan], Plan | None]:
         """Check a backup's or prefetch's arguments now (bad input raises here, not in a worker).
 
-        ``owner``: the operation's :class:`Ownership` when it runs on the thread pool (``close``
-        may abandon it), ``None`` for a synchronous one."""
+        ``owner``: the operation's :class:`Ownership` (``close`` waits for the operation, and on a
+        staged store may abandon it)."""
         self._check_open()
         req = Request(page_hashes, owner) if type(page_hashes) is list else _request(page_hashes, owner)
         plans, draft = self._planner.plan(
@@ -399,6 +430,7 @@ class CacheController:
     # ----------------------------------------------------------------- admin
     def clear(self) -> int:
         """Remove this config's namespace from storage (other models and dtypes are untouched)."""
+        self._check_open()
         return self.store.clear()
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -410,9 +442,13 @@ class CacheController:
         """
         if getattr(self, "_closed", True):
             return
-        self._closed = True
+        with self._running_changed:
+            self._closed = True
         self._executor.shutdown(wait=not self.staged, cancel_futures=True)
-        if self.staged:
+        if not self.staged:  # synchronous operations in callers' threads
+            with self._running_changed:
+                self._running_changed.wait_for(lambda: not self._running)
+        else:
             with self._running_changed:
                 self._running_changed.wait_for(lambda: not self._running, timeout=timeout_s)
                 abandoned = list(self._running)
@@ -435,6 +471,28 @@ class CacheController:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# The open controllers attached to each store, to refuse a second pool under a name in use.
+_ATTACHED: weakref.WeakKeyDictionary[Store, weakref.WeakSet[CacheController]] = weakref.WeakKeyDictionary()
+
+
+def _in_use(store: Store, name: PoolName, pool: HostPool) -> bool:
+    return any(not c._closed and c.pools.get(name) is pool for c in _ATTACHED.get(store, ()))
+
+
+def _check_same_store_config(config: StorageConfig, store: Store) -> None:
+    """A shared store keys pages by the config it was opened with: a controller whose config names
+    another model, rank, dtype, layout or backend would read and write under the wrong keys."""
+    mine = config.model_dump(exclude={"controller"})
+    theirs = store.config.model_dump(exclude={"controller"})
+    differ = sorted(k for k in mine if mine[k] != theirs.get(k))
+    if differ:
+        raise ConfigError(
+            f"config differs from the config store {store.name!r} was opened with in {differ}; pass "
+            "the store's own config (store.config, with any controller settings of your own) or "
+            "let the controller open its own store"
+        )
 
 
 def _request(page_hashes: Sequence[str], owner: Ownership | None) -> Request:

@@ -196,8 +196,8 @@ class TransferPath:
         """
         if not self.v2:
             return [self._io_v1(req, op, p) for p in plans]
-        batch = self.transfers(req, plans) if transfers is None else transfers
-        try:
+        try:  # a failing hicache_page_keys fails the batch's pages, like a failing I/O call
+            batch = self.transfers(req, plans) if transfers is None else transfers
             if self.io_timeout_s is None:
                 return self.store.batch_io_v2(op, batch)
             return self._bounded(partial(self.store.batch_io_v2, op, batch))
@@ -209,7 +209,11 @@ class TransferPath:
         if n == 0:
             return []
         ncomp = len(plan.pool.components)
-        keys = [*chain.from_iterable(self.keys(req, plan))]
+        try:  # a failing hicache_page_keys fails the batch's pages, like a failing I/O call
+            keys = [*chain.from_iterable(self.keys(req, plan))]
+        except Exception as err:
+            self._failed(req, op, err, [n * ncomp])
+            return [False] * n
         views = None if op is _EXISTS else [v for page in plan.pool.page_views(plan.indices) for v in page]
         buffers = views
         owner = req.owner
@@ -307,7 +311,15 @@ class TransferPath:
                     skipped += len(w.positions)
             if not writable:
                 continue
-            transfers = self.transfers(req, writable) if self.v2 else None
+            transfers = None
+            if self.v2:
+                try:  # a failing hicache_page_keys fails the window's pages
+                    transfers = self.transfers(req, writable)
+                except Exception as err:
+                    failed = self._failed(req, _SET, err, [len(w.positions) for w in writable])
+                    for w, ok in zip(writable, failed):
+                        flags[w.name] += ok
+                    continue
             if self.skips_existing:  # SET itself keeps stored objects: no round trip
                 for w, ok in zip(writable, self.io(req, _SET, writable, transfers)):
                     if flags[w.name]:
