@@ -396,7 +396,10 @@ def expand_path(value: str, field: str = "root") -> str:
         raise ValueError(
             f"{field} {value!r}: the environment variable ${name} is not set; set it or give the path"
         )
-    return os.path.abspath(os.path.expanduser(expanded))
+    home = os.path.expanduser(expanded)
+    if home.startswith("~"):  # ~name of a user this system does not know: left as is
+        raise ValueError(f"{field} {value!r}: no such user's home directory; give the path")
+    return os.path.abspath(home)
 
 
 def read_small_file(path: str | os.PathLike[str]) -> bytes:

@@ -21,6 +21,7 @@ import pytest
 import torch
 from hf3fs_util import config, pattern
 
+import hicache_core as hc
 from hicache_core import CacheController, IoOp, KeyFormatError, MHAKVPool, OptionsError, open_store
 
 NB = 4096
@@ -188,3 +189,21 @@ def test_slot_size_that_does_not_fit_the_file_is_refused_at_open(tmp_path: Path)
     with pytest.raises(OptionsError, match="file_size=131072 cannot hold one slot"):
         open_store(config(tmp_path / "h", options=opts))
     assert _files(tmp_path) == []
+
+
+@pytest.mark.parametrize(
+    ("prefix", "says"),
+    [
+        ("$HICACHE_SURELY_UNSET_VAR/x", "HICACHE_SURELY_UNSET_VAR is not set"),
+        ("~no-such-user-h1/x", "no such user"),
+    ],
+)
+def test_unresolvable_prefix_is_refused_not_created(
+    prefix: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("HICACHE_SURELY_UNSET_VAR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(hc.OptionsError, match="file_path_prefix") as info:
+        hc.open_store(hc.StorageConfig(backend="hf3fs", options={"file_path_prefix": prefix}))
+    assert says in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # no directory named '$VAR' or '~user' was made

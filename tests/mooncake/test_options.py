@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -144,3 +145,16 @@ def test_standalone_sizing_small_fakes() -> None:
         standalone_required_bytes({"mamba": mamba})
     with pytest.raises(PoolError, match="missing"):
         standalone_required_bytes({"kv": kv, "mamba": None})
+
+
+def test_sglang_config_file_must_be_a_small_regular_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (5 << 20) + b"{}")
+    for path in (fifo, "/dev/zero", big):  # a FIFO must not block, /dev/zero must not be read forever
+        monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
+        with pytest.raises(ValueError, match="SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"):
+            MooncakeOptions()

@@ -62,6 +62,7 @@ from hicache_core import (
     check_keys,
     hookimpl,
 )
+from hicache_core.config import expand_path
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -160,10 +161,8 @@ class Hf3fsBackend:
 
         @field_validator("file_path_prefix")
         @classmethod
-        def _no_nul(cls, value: str | None) -> str | None:
-            if value is not None and "\0" in value:
-                raise ValueError("a path cannot contain a NUL character")
-            return value
+        def _expand(cls, value: str | None) -> str | None:
+            return None if value is None else expand_path(value, "file_path_prefix")
 
         @model_validator(mode="after")
         def _fits(self) -> Hf3fsBackend.Options:

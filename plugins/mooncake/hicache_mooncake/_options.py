@@ -15,6 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hicache_core.config import read_small_file
+
 __all__ = [
     "CHECKSUM_ENV",
     "CONFIG_PATH_ENV",
@@ -156,10 +158,9 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
             out[field] = environ[var]
     path = environ.get(CONFIG_PATH_ENV, "")
     if path:
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except (OSError, json.JSONDecodeError) as err:
+        try:  # a small regular file: never blocks on a FIFO, never reads /dev/zero without end
+            data = json.loads(read_small_file(path).decode("utf-8"))
+        except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise ValueError(f"{CONFIG_PATH_ENV}={path!r} is not a readable JSON file: {err}") from None
         if not isinstance(data, dict):
             raise ValueError(f"{CONFIG_PATH_ENV}={path!r} must hold a JSON object")
