@@ -24,7 +24,8 @@ class PrefetchHandle(Future[TransferResult]):
     of one in-flight copy into host memory), even when the backend never answers: the prefetch
     is abandoned at the deadline and the handle resolves to the pages loaded by then; nothing of
     it touches the host slots afterwards (the controller stages such prefetches, see
-    ARCHITECTURE.md). ``result.pages`` is always honest.
+    ARCHITECTURE.md). ``result.pages`` is always honest. ``result(timeout)`` that runs out ends
+    the prefetch before it raises :class:`TimeoutError`.
     """
 
     def __init__(
@@ -69,7 +70,8 @@ class PrefetchHandle(Future[TransferResult]):
         return super().result()
 
     def _expire(self) -> TransferResult:
-        """The deadline passed: stop, abandon what is in flight and resolve to what was loaded."""
+        """A deadline passed: stop, abandon what is in flight (staged) or wait for it (not staged:
+        it moves pages straight into the host slots) and resolve to what was loaded."""
         self._stop.set()
         if self._abandon is None:
             return super().result()
@@ -79,12 +81,23 @@ class PrefetchHandle(Future[TransferResult]):
         return super().result()
 
     def result(self, timeout: float | None = None) -> TransferResult:
+        """The prefetch's result under the policy (see the class docstring).
+
+        ``timeout`` (seconds): when it passes first, the prefetch is ended before
+        :class:`TimeoutError` is raised, so the caller may reuse its host slots at once: a staged
+        prefetch is abandoned at once, any other stops after the batch in flight (this waits for
+        that batch). The handle then holds the pages loaded by then (``result()`` returns them).
+        Poll with :meth:`done`, not with ``result(timeout=0)``.
+        """
         if self.policy is PrefetchPolicy.TIMEOUT:
             remaining = max(0.0, self.timeout_s - (time.monotonic() - self._t0))
-            if timeout is not None and timeout < remaining:
-                return super().result(timeout=timeout)
-            try:
-                return super().result(timeout=remaining)
-            except FuturesTimeout:
-                return self._expire()
-        return super().result(timeout=timeout)
+            if timeout is None or timeout >= remaining:
+                try:
+                    return super().result(timeout=remaining)
+                except FuturesTimeout:
+                    return self._expire()
+        try:
+            return super().result(timeout=timeout)
+        except FuturesTimeout:
+            self._expire()  # nothing of it touches the host slots once we raise
+            raise

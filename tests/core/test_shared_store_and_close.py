@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,9 @@ from hicache_core import CacheController, IoOp, MHAKVPool
 
 
 def _config(root: Path, **fields: Any) -> hc.StorageConfig:
-    return hc.StorageConfig(**{"backend": "file", "options": {"root": str(root)}, "model_name": "shared", **fields})
+    return hc.StorageConfig(
+        **{"backend": "file", "options": {"root": str(root)}, "model_name": "shared", **fields}
+    )
 
 
 def _kv() -> MHAKVPool:
@@ -157,3 +160,34 @@ def test_a_failing_key_hook_fails_the_pages_not_the_call(tmp_path: Path) -> None
             assert ctl.query(HASHES[:2]).pages == 0
             loaded = ctl.prefetch(HASHES[:2], [2, 3])
             assert loaded.pages == 0 and any("key service down" in e for e in loaded.errors)
+
+
+@pytest.mark.parametrize("settings", [{}, {"io_timeout_s": 10}], ids=["direct", "staged"])
+def test_result_timeout_ends_the_prefetch_before_it_raises(tmp_path: Path, settings: dict[str, Any]) -> None:
+    kv = _kv()
+    ctl = CacheController(_config(tmp_path, controller=settings), kv)
+    with ctl:
+        for i in range(8):
+            for view in kv.page_views([i])[0]:
+                view.fill_(i + 1)
+        assert ctl.backup(HASHES[:2], [0, 1]).pages == 2
+        for i in (4, 5):
+            for view in kv.page_views([i])[0]:
+                view.zero_()
+        gate = Gate(IoOp.GET)
+        ctl.store.pm.register(gate)
+        handle = ctl.prefetch_async(HASHES[:2], [4, 5])
+        assert gate.entered.wait(10)
+        release = threading.Timer(0.3, gate.gate.set)  # the held GET finishes at 0.3 s
+        release.start()
+        with pytest.raises(TimeoutError):
+            handle.result(timeout=0.1)
+        # staged: abandoned at once; direct: it waited for the batch in flight. Either way the
+        # slots are the caller's again: nothing may write them from now on.
+        snapshot = [v.clone() for i in (4, 5) for v in kv.page_views([i])[0]]
+        release.join()
+        loaded = handle.result().pages
+        time.sleep(0.3)
+        after = [v for i in (4, 5) for v in kv.page_views([i])[0]]
+        assert all(bool((a == b).all()) for a, b in zip(snapshot, after)), "slots written after TimeoutError"
+        assert loaded in (0, 2)
