@@ -7,6 +7,7 @@ adapters (``integrations/``) translate their requests into a :class:`Request` an
 
 from __future__ import annotations
 
+from .calls import CallPool
 from .controller import CacheController, DraftOffloadDisabledWarning
 from .path import IoPath, Request, TransferPath, select_io_path
 from .plan import Plan
@@ -15,6 +16,7 @@ from .results import QueryResult, TransferResult
 
 __all__ = [
     "CacheController",
+    "CallPool",
     "DraftOffloadDisabledWarning",
     "IoPath",
     "Plan",

@@ -31,6 +31,7 @@ from ..errors import (
 from ..plugin import Store
 from ..pools import HostPool, HostPoolGroup
 from ..types import DraftIo, DraftIoMode, HitPolicy, IoOp, PoolName
+from .calls import CallPool
 from .path import IoPath, Ownership, Request, TransferPath, select_io_path
 from .plan import IndexLike, Plan, Planner, leading_run, restorable, usable
 from .prefetch import PrefetchHandle
@@ -71,9 +72,7 @@ class CacheController:
         # Backend calls run here only when io_timeout_s is set; abandoned (stuck) calls keep a
         # thread each, so the pool is larger than the number of concurrent operations. Threads
         # start on first use.
-        self._call_pool = ThreadPoolExecutor(
-            4 * self.settings.io_threads + 4, thread_name_prefix="hicache-call"
-        )
+        self._call_pool = CallPool(4 * self.settings.io_threads + 4)
         if store is not None:
             _check_same_store_config(config, store)
         self.store = store if store is not None else Store(config)
@@ -462,7 +461,7 @@ class CacheController:
                     self.store.name,
                     timeout_s,
                 )
-        self._call_pool.shutdown(wait=False, cancel_futures=True)
+        self._call_pool.shutdown()
         if self._owns_store:
             self.store.close()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from functools import partial
 from itertools import chain
@@ -32,6 +31,7 @@ from ..errors import BackendTimeoutError, HiCacheError
 from ..paging import ValidHashes
 from ..plugin import Store
 from ..types import Capabilities, HitPolicy, IoOp, Layout, PageKeys, PoolName, PoolTransfer
+from .calls import CallPool
 from .plan import Plan, chunks
 
 __all__ = ["IoPath", "Ownership", "Request", "TransferPath", "select_io_path"]
@@ -110,7 +110,7 @@ class TransferPath:
         batch_pages: int,
         owner: bool = True,
         io_timeout_s: float | None = None,
-        call_pool: Executor | None = None,
+        call_pool: CallPool | None = None,
         staged: bool = False,
     ) -> None:
         if io_timeout_s is not None and call_pool is None:
@@ -261,6 +261,7 @@ class TransferPath:
         try:
             return future.result(timeout=self.io_timeout_s)
         except FuturesTimeout:
+            self.call_pool.abandoned(future)
             raise BackendTimeoutError(
                 f"no answer within io_timeout_s={self.io_timeout_s}s; the call was abandoned and its "
                 "pages are reported failed (raise io_timeout_s if the backend is just slow)"

@@ -36,7 +36,7 @@ import torch
 
 from hicache_core import PoolName, StorageConfig, Store, open_store
 from hicache_core.pools import ExternalPool
-from hicache_core.transfer import Plan, Request, TransferPath, select_io_path
+from hicache_core.transfer import CallPool, Plan, Request, TransferPath, select_io_path
 
 from ._scheduler import PageOp
 
@@ -80,7 +80,7 @@ class WorkerSide:
         # Blocks whose load failed in this step: they hold no valid KV until vLLM recomputes
         # them in a later step, so this step never saves them (nor any later page of the request).
         self._failed_step: set[int] = set()
-        self._calls: ThreadPoolExecutor | None = None
+        self._calls: CallPool | None = None
         self._loader = ThreadPoolExecutor(1, thread_name_prefix="hicache-vllm-load") if async_load else None
         self._loading: dict[str, Future[None]] = {}
         self._failed_reqs: dict[str, int] = {}
@@ -108,7 +108,7 @@ class WorkerSide:
         timeout = settings.io_timeout_s
         if timeout is not None and store.capabilities.v1:
             # a call abandoned at the timeout must never write vLLM's blocks later: staged v1
-            self._calls = ThreadPoolExecutor(4, thread_name_prefix="hicache-vllm-call")
+            self._calls = CallPool(4, "hicache-vllm-call")
             self.path = TransferPath(
                 store,
                 "v1",
@@ -313,7 +313,7 @@ class WorkerSide:
         if self._saver is not None:
             self._saver.shutdown(wait=True)
         if self._calls is not None:
-            self._calls.shutdown(wait=False)
+            self._calls.shutdown()
         store, self.store, self.path = self.store, None, None
         if store is not None:
             store.close()
