@@ -11,6 +11,7 @@ pydantic ``ValidationError`` never escapes. Durations are finite, positive and a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -40,15 +41,24 @@ __all__ = [
     "StorageConfig",
     "expand_path",
     "format_validation_error",
+    "is_secret_name",
     "load_config",
+    "merge_config_layers",
     "read_config_file",
     "read_small_file",
+    "redact_secrets",
+    "redact_userinfo",
 ]
 
 # Config and options files are small: a larger one (or /dev/zero) is refused before parsing.
 MAX_CONFIG_FILE_BYTES = 4 << 20
 _UNSET_VAR = re.compile(r"\$(\w+|\{[^}]*\})")
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SECRET_NAME = re.compile(r"key|secret|token|passw(?:or)?d|credential|auth", re.IGNORECASE)
+# The ``user:password@`` part of a URL (``scheme://user:pw@host``, or ``user:pw@host`` bare).
+_USERINFO = re.compile(
+    r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]+@|(?<![\w.:/-])[^\s/?#@:'\"]+:[^\s/?#@'\"]*@"
+)
 log = logging.getLogger("hicache")
 
 ENV_PREFIX = env.PREFIX
@@ -111,14 +121,15 @@ class _Checked(BaseModel):
             raise _config_error(err, f"{cls.__name__}.model_validate_strings") from None
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """A copy; with ``update``, the updated fields are VALIDATED (pydantic's own ``model_copy``
-        would accept any value) and an invalid one raises :class:`ConfigError`."""
+        """A copy whose ``update`` is VALIDATED (pydantic's would take any value): ConfigError."""
         if update is not None and not isinstance(update, Mapping):
             raise ArgumentTypeError(f"model_copy: update must be a mapping, got {type(update).__name__}")
         if not update:
             return super().model_copy(deep=deep)
-        source = f"{type(self).__name__}.model_copy"
-        return type(self)._checked_validate({**self.model_dump(), **update}, source)
+        data = {**self.model_dump(), **update}
+        if isinstance(data.get("controller"), Mapping) and "controller" not in update:  # flat settings
+            data["controller"] = {k: v for k, v in data["controller"].items() if k not in update}
+        return type(self)._checked_validate(data, f"{type(self).__name__}.model_copy")
 
 
 class ControllerSettings(_Checked):
@@ -189,20 +200,12 @@ class StorageConfig(_Checked):
     @model_validator(mode="before")
     @classmethod
     def _lift_flat_controller_fields(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and _CONTROLLER_FIELDS & set(data):
-            data = dict(data)
-            given = data.get("controller")
-            if given is None:
-                given = {}
-            if not isinstance(given, Mapping):
-                raise ValueError(
-                    f"controller must be a mapping of controller settings, got {type(given).__name__}"
-                )
-            nested = dict(given)
-            for name in _CONTROLLER_FIELDS & set(data):
-                nested[name] = data.pop(name)
-            data["controller"] = nested
-        return data
+        return _nest_controller(data) if isinstance(data, Mapping) else data
+
+    def __repr_args__(self) -> Any:
+        # A config is logged and shown in errors: credentials in its options never are.
+        for name, value in super().__repr_args__():
+            yield name, redact_secrets(value) if name == "options" else value
 
     @field_validator("model_name", "kv_dtype", "model_revision")
     @classmethod
@@ -245,7 +248,8 @@ class StorageConfig(_Checked):
     def from_file(cls, path: str | os.PathLike[str], **overrides: Any) -> StorageConfig:
         """Load from a ``.toml``, ``.yaml``/``.yml`` or ``.json`` file (environment ignored)."""
         file = _as_path(path, "StorageConfig.from_file: path")
-        return _build({**read_config_file(file), **overrides}, source=str(file))
+        layers = [(str(file), read_config_file(file)), ("keyword arguments", overrides)]
+        return _build(merge_config_layers(*layers), source=str(file))
 
     @classmethod
     def load(
@@ -262,7 +266,8 @@ class StorageConfig(_Checked):
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> StorageConfig:
         """Build from ``HICACHE_*`` variables only (no file)."""
         environ_ = _as_environ(environ, "StorageConfig.from_env")
-        return _build({**_read_env(environ_), **overrides}, source="env")
+        layers = [("HICACHE_* environment variables", _read_env(environ_)), ("keyword arguments", overrides)]
+        return _build(merge_config_layers(*layers), source="env")
 
 
 def load_config(
@@ -278,7 +283,7 @@ def load_config(
     (it is almost always a typo).
     """
     environ_ = _as_environ(environ, "load_config")
-    data: dict[str, Any] = {}
+    layers: list[tuple[str, Mapping[str, Any]]] = []
     source = "env"
     if path is not None:
         file: Path | None = _as_path(path, "load_config: path")
@@ -286,25 +291,103 @@ def load_config(
         raw = environ_.get(ENV_PREFIX + "CONFIG")
         file = _as_path(raw, ENV_PREFIX + "CONFIG") if raw else None
     if file is not None:
-        data.update(read_config_file(file))
         source = str(file)
-    env_data = _read_env(environ_)
-    if isinstance(env_data.get("options"), dict) and isinstance(data.get("options"), dict):
-        env_data["options"] = {**data["options"], **env_data["options"]}
-    data.update(env_data)
-    data.update(overrides)
-    return _build(data, source=source)
+        layers.append((source, read_config_file(file)))
+    layers.append(("HICACHE_* environment variables", _read_env(environ_)))
+    layers.append(("keyword arguments", overrides))
+    return _build(merge_config_layers(*layers), source=source)
+
+
+def merge_config_layers(*layers: tuple[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """One config mapping from ``(source, mapping)`` layers, lowest precedence first (a file, the
+    ``HICACHE_*`` variables, keyword arguments): every entry point merges this way.
+
+    A later layer's value replaces an earlier one's, except that ``options`` merge key by key
+    (unless the later layer names another ``backend``: the earlier options belonged to the
+    earlier backend and are dropped) and controller settings merge setting by setting, whether
+    given flat (``batch_pages``) or nested (``controller.batch_pages``). One layer giving a
+    setting both ways is a :class:`ConfigError` naming the setting and the layer."""
+    out: dict[str, Any] = {}
+    for source, layer in layers:
+        if not isinstance(layer, Mapping):
+            raise ConfigError(f"{source} must be a mapping of config fields, got {type(layer).__name__}")
+        try:
+            data = _nest_controller(layer)
+        except ValueError as err:
+            raise ConfigError(f"invalid hicache config from {source}: {err}") from None
+        default = StorageConfig.model_fields["backend"].default
+        backend = data.get("backend", out.get("backend", default))
+        if backend != out.get("backend", default):
+            out.pop("options", None)
+        for key, value in data.items():
+            merge = key in ("options", "controller") and isinstance(out.get(key), Mapping)
+            out[key] = {**out[key], **value} if merge and isinstance(value, Mapping) else value
+    return out
+
+
+def _nest_controller(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with flat controller settings moved under ``controller`` (ValueError: given both ways)."""
+    out = dict(data)
+    nested = out.get("controller")
+    if isinstance(nested, BaseModel):  # a ControllerSettings: only the settings it was given
+        out["controller"] = nested = nested.model_dump(exclude_unset=True)
+    flat = sorted(_CONTROLLER_FIELDS & set(out))
+    nested = {} if nested is None else nested
+    if flat and not isinstance(nested, Mapping):
+        raise ValueError(f"controller must be a mapping of controller settings, got {type(nested).__name__}")
+    for name in (n for n in flat if n in nested):
+        raise ValueError(
+            f"{name} is given twice, flat ({_short_repr(out[name])}) and under controller "
+            f"({_short_repr(nested[name])}); give it once"
+        )
+    if flat:
+        out["controller"] = {**nested, **{name: out.pop(name) for name in flat}}
+    return out
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
-    """One line per problem: ``field.path: message (got value)``."""
+    """One line per problem: ``field.path: message (got value)``. No value is shown for an unknown
+    (extra) key or a field :func:`is_secret_name` flags, so a secret put in the wrong place is not
+    echoed into logs; a URL shown loses its ``user:password@``."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "<root>"
-        got = e.get("input")
-        got_s = "" if isinstance(got, (dict, list)) else f" (got {_short_repr(got)})"
-        lines.append(f"  {prefix}{loc}: {e['msg']}{got_s}")
+        parts = [str(p) for p in e["loc"]]
+        loc = ".".join(parts) or "<root>"
+        got, msg = e.get("input"), str(e["msg"])
+        if e["type"] == "extra_forbidden" or any(is_secret_name(p) for p in parts):
+            if isinstance(got, str) and got:  # a validator that quoted the value
+                msg = msg.replace(repr(got)[1:-1], "***").replace(got, "***")
+            got_s = " (value not shown)"
+        elif isinstance(got, (dict, list)):
+            got_s = ""
+        else:
+            got_s = f" (got {_short_repr(redact_userinfo(got) if isinstance(got, str) else got)})"
+        lines.append(f"  {prefix}{loc}: {redact_userinfo(msg)}{got_s}")
     return "\n".join(lines)
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether ``name`` (a field or option) names a credential: it contains key, secret, token,
+    password, passwd, credential or auth (any case). Such values are never shown."""
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_userinfo(text: str) -> str:
+    """``text`` with the ``user:password@`` part of every URL in it replaced by ``***@``."""
+    return _USERINFO.sub(lambda m: f"{m.group('scheme') or ''}***@", text)
+
+
+def redact_secrets(value: Any) -> Any:
+    """A copy of ``value`` (nested mappings, lists, strings) fit to show: the value of every key
+    that :func:`is_secret_name` flags becomes ``"***"``, and URLs lose their ``user:password@``."""
+    if isinstance(value, Mapping):
+        return {
+            k: "***" if isinstance(k, str) and is_secret_name(k) else redact_secrets(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_secrets(v) for v in value)
+    return redact_userinfo(value) if isinstance(value, str) else value
 
 
 def _short_repr(value: Any, limit: int = 120) -> str:
@@ -361,15 +444,20 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         elif suffix in (".yaml", ".yml"):
             import yaml
 
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_unique_key_yaml_loader())  # a SafeLoader
         elif suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_json_object)
         else:
             raise ConfigError(
                 f"config file {path}: unknown format {suffix!r}; use .toml, .yaml, .yml or .json"
             )
     except ConfigError:
         raise
+    except _DuplicateKey as err:  # TOML refuses these itself; JSON and YAML parsers keep the last
+        raise ConfigError(
+            f"config file {path}: the key {err.args[0]!r} appears twice{err.args[1]} in one mapping; "
+            "keep one (JSON and YAML parsers would silently keep the last)"
+        ) from None
     except Exception as err:  # parser errors of three libraries
         raise ConfigError(f"config file {path} is not valid {suffix[1:].upper()}: {err}") from None
     if data is None:
@@ -379,6 +467,38 @@ def read_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     if "hicache" in data and isinstance(data["hicache"], dict) and len(data) == 1:
         data = data["hicache"]  # allow a [hicache] table / top-level key
     return dict(data)
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping of a JSON or YAML file: ``args == (key, where)``."""
+
+
+def _unique_json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key, "")
+        out[key] = value
+    return out
+
+
+@functools.cache
+def _unique_key_yaml_loader() -> Any:
+    """PyYAML's ``SafeLoader`` refusing a scalar key given twice in one mapping (a ``<<`` merge key
+    may still be overridden, as YAML allows)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):  # type: ignore[misc]
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[tuple[str, str]] = set()
+            for key, _ in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.tag != "tag:yaml.org,2002:merge":
+                    if (key.tag, key.value) in seen:
+                        raise _DuplicateKey(key.value, f" (line {key.start_mark.line + 1})")
+                    seen.add((key.tag, key.value))
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def expand_path(value: str, field: str = "root") -> str:
@@ -434,6 +554,11 @@ def _toml_loads(text: str) -> Any:
     return tomllib.loads(text)
 
 
+# Fields whose default is None: their variable empty or ``none`` (any case) leaves them unset.
+_ALL_FIELDS = {**StorageConfig.model_fields, **ControllerSettings.model_fields}
+_OPTIONAL_FIELDS = frozenset(name for name, info in _ALL_FIELDS.items() if info.default is None)
+
+
 def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """The config fields set by ``HICACHE_<FIELD>`` variables (:data:`hicache_core.env.CONFIG_VARS`).
 
@@ -467,10 +592,8 @@ def _read_env(environ: Mapping[str, str]) -> dict[str, Any]:
             if not isinstance(value, dict):
                 raise ConfigError(f"{name} must be a JSON object, got {type(value).__name__}")
             out[field] = value
-        elif field == "io_timeout_s" and raw.strip().lower() in ("", "none"):
-            out[field] = None
-        elif field == "model_revision" and not raw.strip():
-            out[field] = None  # set but empty: no revision
+        elif field in _OPTIONAL_FIELDS and raw.strip().lower() in ("", "none"):
+            out[field] = None  # an optional field: empty or `none` leaves it unset
         else:
             out[field] = raw
     return out

@@ -67,7 +67,7 @@ CONFIG_VARS: Final[tuple[EnvVar, ...]] = (
         "model_revision",
         "str",
         "none",
-        "weights revision or fingerprint; when set, separates the key namespace",
+        "weights revision or fingerprint; when set, separates the key namespace (none = unset)",
     ),
     _config("kv_dtype", "str", "bfloat16", "KV dtype in the key namespace"),
     _config("tp_rank", "int", "0", "tensor-parallel rank"),
@@ -93,8 +93,8 @@ CONFIG_VARS: Final[tuple[EnvVar, ...]] = (
 
 SWITCHES: Final[tuple[EnvVar, ...]] = (
     _switch("CONFIG", "path", "", "config file (`.toml`, `.yaml`/`.yml`, `.json`) read by `load_config`"),
-    _switch("BACKENDS_ALLOW", "comma list", "", "only these backends may load"),
-    _switch("BACKENDS_BLOCK", "comma list", "", "these backends may not load"),
+    _switch("BACKENDS_ALLOW", "comma list", "", "only these backends may load (any case; `*` = all)"),
+    _switch("BACKENDS_BLOCK", "comma list", "", "these backends may not load (any case; `*` = all)"),
     _switch("TRACE", "bool", "0", "log every hook call to the `hicache.trace` logger"),
     _switch("PURE_PYTHON_HASH", "bool", "0", "use the pure-Python page hashing, not the C extension"),
     _switch("PURE_PYTHON_BATCH", "bool", "0", "retired, accepted and ignored: the core has no batch C code"),

@@ -287,7 +287,7 @@ def run_bench(req: BenchRequest) -> dict[str, Any]:
         elif caps.shared:
             checked = _child_verify(spec)
         else:
-            checked = verify(spec, store=ctl.store)
+            checked = verify(spec, store=ctl.store, group=group)
             checked["verify_process"] = "same process (the backend is neither persistent nor shared)"
         cleared.update((k, checked[k]) for k in ("cleared", "clear_error") if k in checked)
     namespace = ctl.store.keys.scheme.namespace

@@ -84,13 +84,18 @@ def _zero(group: HostPoolGroup) -> None:
             buf.zero_()
 
 
-def verify(spec: VerifySpec, store: Store | None = None) -> dict[str, Any]:
-    """Reopen (or reuse ``store``), query and prefetch every request, then compare every byte."""
+def verify(
+    spec: VerifySpec, store: Store | None = None, group: HostPoolGroup | None = None
+) -> dict[str, Any]:
+    """Reopen (or reuse ``store``), query and prefetch every request, then compare every byte.
+
+    Reusing a store that an open controller shares needs that controller's pools (``group``): a
+    shared store serves one pool group. They are zeroed before every prefetch."""
     config = StorageConfig.model_validate(spec.config)
     profile = PROFILES[spec.profile]
     reqs = requests(spec.pages)
     hashes = request_hashes(spec.seed, reqs, profile.page_tokens, round=spec.rounds - 1)
-    group = build_pools(profile, spec.pages, spec.draft)
+    group = build_pools(profile, spec.pages, spec.draft) if group is None else group
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DraftOffloadDisabledWarning)
         ctl = CacheController(config, group, store=store)

@@ -66,9 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _positive(text: str) -> int:
-    value = int(text)
+    """A count flag's value (argparse names the flag in front of this message)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer such as 64, got {text!r}")
     return value
 
 
@@ -105,13 +109,10 @@ def load_bench_config(args: argparse.Namespace) -> tuple[Any, str]:
     if args.backend:
         overrides["backend"] = args.backend
     options = parse_options(args.options)
-    config = load_config(args.config)
-    if args.backend and args.backend != config.backend:
-        overrides["options"] = {}  # the config's options belong to another backend
     if options is not None:
-        overrides["options"] = {**overrides.get("options", config.options), **options}
-    if overrides:
-        config = load_config(args.config, **overrides)
+        overrides["options"] = options
+    # load_config merges the options key by key, dropping the config's when --backend differs
+    config = load_config(args.config, **overrides)
     file = args.config or os.environ.get(ENV_PREFIX + "CONFIG") or None
     env = [v.name for v in CONFIG_VARS if v.name in os.environ]
     sources = [f"config {file}"] if file else []

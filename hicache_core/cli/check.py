@@ -7,8 +7,10 @@ table per test group with the skip reasons (``--rules``: also one row per rule o
 contract, with its tests and their result). A backend class that breaks the contract (a bad
 ``Options`` model, a misspelled hook, ...) is not refused here: the suite runs and reports the
 defect as failing tests. ``--json FILE`` writes the result as one JSON object (also when the
-backend cannot be resolved), ``--junitxml FILE`` pytest's JUnit XML. Exit code 0 only when no
-test failed or errored. pytest and rich are imported only when the command runs.
+backend cannot be resolved), ``--junitxml FILE`` pytest's JUnit XML (both checked writable before
+the suite runs). Exit code 0 only when pytest exited 0, no test failed or errored and at least one
+passed; otherwise the verdict is not PASSED and the line after it says why (pytest's exit code
+explained). pytest and rich are imported only when the command runs.
 """
 
 from __future__ import annotations
@@ -283,25 +285,62 @@ def _run(args: argparse.Namespace, json_path: str | None) -> int:
 
     collector = _Collector()
     extra = list(getattr(args, "passthrough", []) or [])
+    if json_path:
+        _check_writable(json_path, "--json")
     if getattr(args, "junitxml", None):
-        extra = [f"--junitxml={os.path.abspath(args.junitxml)}", *extra]
+        extra = [f"--junitxml={_check_writable(args.junitxml, '--junitxml')}", *extra]
     with tempfile.TemporaryDirectory(prefix="hicache-check-") as tmp:
-        code = int(
-            pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
-        )
+        try:
+            code = int(
+                pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
+            )
+        except OSError as err:  # pytest's own report files (--junitxml) failing at the end
+            raise HiCacheError(
+                f"pytest could not write {err.filename or 'a file'}: {err.strerror or err}"
+            ) from None
     summary = summarize(collector.outcomes)
     if getattr(args, "rules", False):
         _print_rules(name, rule_summary(collector.outcomes, collector.rules))
-    _print(name, summary, collector.collect_errors, contract_error)
     failed = sum(g.failed for g in summary.values()) + len(collector.collect_errors)
-    exit_code = 1 if failed else code
+    passed = sum(g.passed for g in summary.values())
+    exit_code = 1 if failed else (code or (0 if passed else _NO_TESTS))
+    _print(name, summary, collector.collect_errors, contract_error, exit_code)
     if json_path:
         _write_json(json_path, report(name, options, summary, collector, code, exit_code, contract_error))
-    if failed:
-        return 1
-    if code != 0:
-        print(f"hicache check: pytest exited with code {code} (no test failed; see its output above)")
-    return code
+    if not failed and exit_code:
+        print(f"hicache check: {_why(code, exit_code)}; see pytest's output above")
+    return exit_code
+
+
+_NO_TESTS = 5  # pytest's own code for "no tests collected"
+_PYTEST_CODES = {
+    2: "the run was interrupted",
+    3: "pytest hit an internal error",
+    4: "pytest refused its command line (a bad argument after `--`?)",
+    5: "no test was collected (check the -k / test names after `--`)",
+}
+
+
+def _why(code: int, exit_code: int) -> str:
+    """Why a run in which no test failed is still not a pass."""
+    if code == 0:
+        return f"no test passed (every selected test was skipped), so nothing is certified (exit {exit_code})"
+    return f"pytest exited with code {code}: {_PYTEST_CODES.get(code, 'see pytest -h')}; nothing is certified"
+
+
+def _check_writable(path: str, flag: str) -> str:
+    """The absolute path of a report file, checked writable before the suite runs (not after)."""
+    target = Path(path).expanduser().absolute()
+    existed = target.exists()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a", encoding="utf-8"):
+            pass
+        if not existed:
+            target.unlink()
+    except OSError as err:
+        raise HiCacheError(f"{flag}: cannot write {target}: {err.strerror or err}") from None
+    return str(target)
 
 
 def report(
@@ -403,7 +442,11 @@ def _print_rules(name: str, rules: Mapping[str, RuleSummary]) -> None:
 
 
 def _print(
-    name: str, summary: dict[str, GroupSummary], collect_errors: list[str], contract_error: str | None = None
+    name: str,
+    summary: dict[str, GroupSummary],
+    collect_errors: list[str],
+    contract_error: str | None = None,
+    exit_code: int = 0,
 ) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -442,7 +485,11 @@ def _print(
         console.print(f"[red]collection error:[/red] {escape(err)}")
     if contract_error:
         console.print(f"[red]the backend breaks the contract when loaded:[/red] {escape(contract_error)}")
-    verdict = "[red]FAILED[/red]" if totals.failed or collect_errors else "[green]PASSED[/green]"
+    verdict = (
+        "[red]FAILED[/red]"
+        if totals.failed or collect_errors
+        else ("[green]PASSED[/green]" if exit_code == 0 else f"[red]NOT CERTIFIED (exit {exit_code})[/red]")
+    )
     console.print(
         f"backend {name!r}: {verdict} - {totals.passed} passed, {totals.failed} failed, "
         f"{totals.skipped} skipped, {totals.xfailed} xfailed"

@@ -3,7 +3,8 @@
 Each verb lives in its own module (``cli/<verb>.py``) exposing ``add_arguments(parser)`` and
 ``run(args) -> int``; it is imported only when used, so ``hicache backends`` stays fast.
 hicache errors are printed as one paragraph (no traceback) with exit code 2; a reader that closes
-the pipe early (``hicache backends --json | head``) ends the command quietly with code 141.
+the pipe early (``hicache backends --json | head``) ends the command quietly with code 141; any
+other failure to write (``> /dev/full``) is one line on stderr and exit code 1.
 """
 
 from __future__ import annotations
@@ -68,6 +69,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `hicache backends --json | head`: the reader left, we stop quietly
         _silence_stdout()
         return 141  # 128 + SIGPIPE, what a shell reports for a command killed by a closed pipe
+    except OSError as err:  # stdout on a full disk (`> /dev/full`), or another file that failed
+        _silence_stdout()
+        where = f": {err.filename}" if err.filename else " (writing standard output)"
+        print(f"hicache {args.verb}: error: {err.strerror or err}{where}", file=sys.stderr)
+        return 1
     return code
 
 

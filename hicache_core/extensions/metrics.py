@@ -44,6 +44,7 @@ settings never come from ``config.options``, which belong to the backend.
 from __future__ import annotations
 
 import bisect
+import errno
 import itertools
 import logging
 import threading
@@ -479,10 +480,15 @@ def start_exporter(port: int, addr: str = "127.0.0.1") -> int:
         registry.register(_ProcessCollector())
         try:
             server, _thread = prom.start_http_server(port, addr=addr, registry=registry)
-        except OSError as err:
+        except OSError as err:  # the port is taken, or the address is not one of this host's
+            fix = (
+                f"choose another {PORT_ENV} (0 picks a free one)"
+                if err.errno == errno.EADDRINUSE
+                else f"set {ADDR_ENV} to an address of this host (default 127.0.0.1)"
+            )
             raise ConfigError(
                 f"cannot start the hicache metrics exporter on {addr}:{port}: {err.strerror or err}; "
-                f"choose another {PORT_ENV} or unset it"
+                f"{fix}, or unset {PORT_ENV}"
             ) from None
         actual = int(server.server_port)
         _exporters[addr, port] = actual

@@ -2,17 +2,22 @@
 
 Listing reads entry-point metadata only; a backend's module is imported when that backend is
 selected (or when its capabilities are described). Operators restrict what may load with
-``HICACHE_BACKENDS_ALLOW`` / ``HICACHE_BACKENDS_BLOCK`` (comma-separated names).
+``HICACHE_BACKENDS_ALLOW`` / ``HICACHE_BACKENDS_BLOCK``: comma-separated names, matched in any
+case, ``*`` meaning every backend; an entry that names no installed backend is logged as a
+WARNING (with a "did you mean"), never silently ignored.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import import_module, metadata
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -41,6 +46,8 @@ EXTENSIONS_GROUP = "hicache.extensions"
 ALLOW_ENV = "HICACHE_BACKENDS_ALLOW"
 BLOCK_ENV = "HICACHE_BACKENDS_BLOCK"
 
+log = logging.getLogger("hicache")
+
 _HOOK_PREFIX = "hicache_"
 _IMPL_ATTR = "hicache_impl"  # set by pluggy's HookimplMarker("hicache")
 
@@ -60,13 +67,28 @@ class PluginInfo:
         return f"{self.name} = {self.value!r} in distribution {self.distribution} {self.version}"
 
 
-def _names_from_env(var: str, environ: Mapping[str, str]) -> set[str] | None:
+def _names_from_env(var: str, environ: Mapping[str, str], installed: list[str]) -> set[str] | None:
+    """An allow / block list's entries, lower-cased (``*`` is every backend), or None when unset or
+    empty; an entry naming no installed backend is logged once as a WARNING with a "did you mean"."""
     raw = environ.get(var)
     if raw is None or not raw.strip():
         return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
+    entries = {n.strip().lower() for n in raw.split(",") if n.strip()}
+    lowered = sorted(n.lower() for n in installed)
+    for entry in sorted(entries - {*lowered, "*"}) or ([] if entries else [""]):
+        if (var, entry) not in _warned:
+            _warned.add((var, entry))
+            import difflib  # only this warning needs it
+
+            close = difflib.get_close_matches(entry, lowered, n=1, cutoff=0.6) if entry else []
+            log.warning(
+                "hicache: %s entry %r matches no installed backend%s (installed: %s)",
+                *(var, entry, f"; did you mean {close[0]!r}?" if close else "", ", ".join(installed)),
+            )
+    return entries
 
 
+_warned: set[tuple[str, str]] = set()
 _scans: dict[tuple[str, tuple[str, ...]], dict[str, list[PluginInfo]]] = {}
 
 
@@ -75,6 +97,7 @@ def clear_caches() -> None:
     with _cache_lock:
         _scans.clear()
         _cache.clear()
+        _warned.clear()
 
 
 def _scan(group: str) -> dict[str, list[PluginInfo]]:
@@ -110,8 +133,10 @@ def _filtered(group: str, environ: Mapping[str, str] | None) -> tuple[dict[str, 
     found = _scan(group)
     hidden: set[str] = set()
     if group == BACKENDS_GROUP:
-        allow, block = _names_from_env(ALLOW_ENV, env), _names_from_env(BLOCK_ENV, env) or set()
-        hidden = {n for n in found if (allow is not None and n not in allow) or n in block}
+        allow = _names_from_env(ALLOW_ENV, env, sorted(found))
+        allow = {"*"} if allow is None else allow  # unset: all; empty entries (",,"): none
+        block = _names_from_env(BLOCK_ENV, env, sorted(found)) or set()
+        hidden = {n for n in found if not ({"*", n.lower()} & allow) or {"*", n.lower()} & block}
     return {n: v for n, v in found.items() if n not in hidden}, hidden
 
 
@@ -134,12 +159,8 @@ def backend_names(environ: Mapping[str, str] | None = None) -> list[str]:
 # Backends of this project, by entry-point name: the only names an install hint may quote,
 # and only when the user typed exactly that name (a near miss is a typo, never an install).
 _PROJECT_DISTRIBUTIONS = {
-    "file": "hicache-file",
-    "mooncake": "hicache-mooncake",
-    "hf3fs": "hicache-hf3fs-stub",
-    "eic": "hicache-hf3fs-stub",
-    "simm": "hicache-hf3fs-stub",
-    "nixl": "hicache-nixl",
+    **{n: f"hicache-{n}" for n in ("file", "mooncake", "nixl")},
+    **dict.fromkeys(("hf3fs", "eic", "simm"), "hicache-hf3fs-stub"),
 }
 
 
@@ -172,8 +193,9 @@ def _not_found(
         else "install the distribution that provides it (its documentation names it; check who "
         "publishes a package before installing it)"
     )
+    article = "An" if kind[0] in "aeiou" else "A"
     return BackendNotFoundError(
-        f"no hicache {kind} named {name!r}. {installed} A {kind} is a distribution declaring an "
+        f"no hicache {kind} named {name!r}. {installed} {article} {kind} is a distribution declaring an "
         f"entry point in group {group!r}: {how}, or fix the name in your config."
     )
 
@@ -277,8 +299,6 @@ def _missing_module(info: PluginInfo, kind: str, err: ModuleNotFoundError) -> Ex
 
 
 def _has_attr(module: str, attr: str) -> bool:
-    from importlib import import_module
-
     try:
         return hasattr(import_module(module), attr)
     except Exception:
@@ -286,33 +306,25 @@ def _has_attr(module: str, attr: str) -> bool:
 
 
 def _packages_distributions() -> Mapping[str, list[str]]:
-    from importlib.metadata import packages_distributions
-
     try:
-        return packages_distributions()
+        return metadata.packages_distributions()
     except Exception:  # pragma: no cover - a broken dist-info somewhere on sys.path
         return {}
 
 
 def _distribution(name: str) -> Any:
-    from importlib.metadata import PackageNotFoundError, distribution
-
     try:
-        return distribution(name)
-    except PackageNotFoundError:
+        return metadata.distribution(name)
+    except metadata.PackageNotFoundError:
         return None
 
 
 def _normalise(name: str) -> str:
-    import re
-
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _declared_requirement(dist_name: str, module: str) -> str | None:
     """The requirement of ``dist_name`` whose project name matches import name ``module``."""
-    import re
-
     dist = _distribution(dist_name)
     requires: list[str] = (dist.requires if dist is not None else None) or []
     for req in requires:

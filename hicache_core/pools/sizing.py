@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import ConfigError, PoolError
+from ..errors import ArgumentTypeError, ConfigError, PoolError
 
 __all__ = ["decode_mamba_pool_size", "standalone_required_bytes"]
 
@@ -26,7 +26,13 @@ def _pool_buffers(name: str, pool: Any) -> list[Any]:
     if callable(buffers):
         if not getattr(pool, "allocated", True):
             return [("planned", pool.nbytes)]
-        out = list(buffers())
+        found = buffers()
+        if not isinstance(found, Iterable) or isinstance(found, (str, bytes)):
+            raise ArgumentTypeError(
+                f"standalone sizing: pool {name!r}: buffers() must return its torch tensors, "
+                f"got {type(found).__name__}"
+            )
+        out = list(found)
     else:
         getter = getattr(pool, "get_hybrid_pool_buffer", None)
         if callable(getter):
@@ -36,6 +42,12 @@ def _pool_buffers(name: str, pool: Any) -> list[Any]:
         out = []
         for b in found if isinstance(found, (list, tuple)) else [found]:
             out.extend(b if isinstance(b, (list, tuple)) else [b])
+    for buf in out:
+        if not all(callable(getattr(buf, a, None)) for a in ("data_ptr", "numel", "element_size", "stride")):
+            raise ArgumentTypeError(
+                f"standalone sizing: pool {name!r} has a buffer of type {type(buf).__name__}; its "
+                "buffers must be torch tensors (host memory the store maps)"
+            )
     if not out:
         raise PoolError(
             f"standalone sizing: pool {name!r} ({type(pool).__name__}) exposes no buffers; give it a "
@@ -47,11 +59,13 @@ def _pool_buffers(name: str, pool: Any) -> list[Any]:
 def standalone_required_bytes(pools: Any) -> int:
     """Bytes the standalone Mooncake client must map for these host pools.
 
-    The sum over UNIQUE buffers (deduplicated by ``data_ptr()``) of the KV anchor plus every
-    pool's hybrid buffers (Mamba temporal and conv, DSA indexer, draft KV). ``pools`` is a
+    The bytes covered by the KV anchor's and every pool's hybrid buffers (Mamba temporal and conv,
+    DSA indexer, draft KV), each byte counted once: buffers that are views of one another (SGLang's
+    ``k_buffer``/``v_buffer`` inside ``kv_buffer``, a pool shared by two names) overlap. ``pools`` is a
     :class:`~hicache_core.HostPoolGroup`, a mapping ``name -> pool`` (which must hold ``"kv"``),
     or a single pool. Planned (unallocated) pools count their planned size. A missing pool, or
-    one without buffers, raises :class:`~hicache_core.PoolError`.
+    one without buffers, raises :class:`~hicache_core.PoolError`; a buffer that is not a tensor
+    raises :class:`~hicache_core.ArgumentTypeError` naming the pool.
     """
     if isinstance(pools, Mapping):
         items = [(str(getattr(k, "value", k)), v) for k, v in pools.items()]
@@ -63,18 +77,22 @@ def standalone_required_bytes(pools: Any) -> int:
         items = [(f"pool[{i}]", p) for i, p in enumerate(pools)]
     else:
         items = [("kv", pools)]
-    seen: set[int] = set()
     total = 0
+    spans: list[tuple[int, int]] = []  # [start, end) of every tensor's memory
     for name, pool in items:
         for buf in _pool_buffers(name, pool):
             if isinstance(buf, tuple) and buf[0] == "planned":
                 total += int(buf[1])
                 continue
-            ptr = int(buf.data_ptr())
-            if ptr in seen:
+            if int(buf.numel()) == 0:
                 continue
-            seen.add(ptr)
-            total += int(buf.numel()) * int(buf.element_size())
+            start, size = int(buf.data_ptr()), int(buf.element_size())
+            last = sum((n - 1) * st for n, st in zip(buf.shape, buf.stride()))  # furthest element
+            spans.append((start, start + (last + 1) * size))
+    end = -1
+    for start, stop in sorted(spans):  # the union of the spans
+        total += max(0, stop - max(start, end))
+        end = max(end, stop)
     return total
 
 
@@ -91,8 +109,12 @@ def decode_mamba_pool_size(
     ``slots_per_req = 1 + (ping_pong if extra_buffer else 0)`` with ``ping_pong = 2`` under the
     overlap schedule, else 1; ``needed = (size + pre_alloc_size) * slots_per_req``. Returns
     ``max(mamba_size, needed)`` (``needed`` when ``mamba_size`` is None) and logs one warning with
-    both numbers when it raises ``mamba_size``. Negative inputs raise :class:`ConfigError`.
+    both numbers when it raises ``mamba_size``. Negative inputs raise :class:`ConfigError`; a flag
+    that is not a ``bool`` raises :class:`ArgumentTypeError`.
     """
+    for flag, given in (("extra_buffer", extra_buffer), ("overlap_schedule", overlap_schedule)):
+        if not isinstance(given, bool):
+            raise ArgumentTypeError(f"decode_mamba_pool_size: {flag} must be True or False, got {given!r}")
     for label, value in (("size", size), ("pre_alloc_size", pre_alloc_size), ("mamba_size", mamba_size)):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ConfigError(f"decode_mamba_pool_size: {label} must be a non-negative int, got {value!r}")

@@ -194,14 +194,14 @@ def test_slot_size_that_does_not_fit_the_file_is_refused_at_open(tmp_path: Path)
 @pytest.mark.parametrize(
     ("prefix", "says"),
     [
-        ("$HICACHE_SURELY_UNSET_VAR/x", "HICACHE_SURELY_UNSET_VAR is not set"),
+        ("$SURELY_UNSET_VAR_FOR_HF3FS_TEST/x", "SURELY_UNSET_VAR_FOR_HF3FS_TEST is not set"),
         ("~no-such-user-h1/x", "no such user"),
     ],
 )
 def test_unresolvable_prefix_is_refused_not_created(
     prefix: str, says: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("HICACHE_SURELY_UNSET_VAR", raising=False)
+    monkeypatch.delenv("SURELY_UNSET_VAR_FOR_HF3FS_TEST", raising=False)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(hc.OptionsError, match="file_path_prefix") as info:
         hc.open_store(hc.StorageConfig(backend="hf3fs", options={"file_path_prefix": prefix}))

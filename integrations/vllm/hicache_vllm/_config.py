@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hicache_core import ConfigError, ControllerSettings, StorageConfig
-from hicache_core.config import read_config_file
+from hicache_core.config import merge_config_layers, read_config_file, redact_secrets
 
 __all__ = [
     "CONNECTOR_KEYS",
@@ -82,6 +82,12 @@ class ConnectorSettings:
     @property
     def backend(self) -> str:
         return str(self.fields["backend"])
+
+    def __repr__(self) -> str:  # credentials in the options are never shown
+        return (
+            f"ConnectorSettings(fields={redact_secrets(self.fields)!r}, async_save={self.async_save}, "
+            f"async_load={self.async_load})"
+        )
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
             f"reads {sorted(EXTRA_KEYS)}"
         )
     data: dict[str, Any] = {}
+    given: dict[str, Any] = {}
     path = extra.get("config")
     if path is not None:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
@@ -177,9 +184,9 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
                     "hicache-vllm: 'options' must be a JSON object of the backend's options, e.g. "
                     f'{{"root": "/var/cache/hicache"}}, got {type(value).__name__} {value!r:.80}'
                 )
-            base = data.get("options") if isinstance(data.get("options"), Mapping) else {}
-            value = {**base, **value}  # type: ignore[dict-item]
-        data[key] = value
+        given[key] = value
+    # The file, then the extra config: options and controller settings merge one by one.
+    data = merge_config_layers((str(path), data), ("kv_connector_extra_config", given))
     # Metrics are on unless the operator turns them off: the connector reports through them.
     data.setdefault("enable_storage_metrics", True)
     # Validate every operator field now (engine fields get placeholders), naming the key.
