@@ -506,10 +506,14 @@ class SegmentStore(SegIndex):
                     if self._idir in self._dirty_dirs:  # the log was just created
                         os.fsync(self._idir)
                         self._dirty_dirs.discard(self._idir)
-        except OSError as err:  # this store forgets them anyway; others keep them
-            log.warning(
-                "hicache.file: clear could not be recorded for other processes under %s: %s", self.root, err
-            )
+        except OSError as err:
+            # Unrecorded, the clear would hold in this store only, and every other or later store
+            # would still serve the pages: fail it, and keep serving them here too (still true).
+            raise OSError(
+                err.errno,
+                f"clear could not be recorded in the index log under {self.root} ({err.strerror or err}); "
+                "nothing was cleared: free disk space and clear again",
+            ) from err
         with self._lock:
             removed = self._apply_clear(prefix, t)
         self._reclaim()
