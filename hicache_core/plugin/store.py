@@ -326,7 +326,8 @@ class Store:
         if len(result) != n or countOf(map(type, result), bool) != n:
             raise BackendContractError(
                 f"backend {self.name!r}: {hook} must return a list of exactly {n} bools, got "
-                f"{len(result)} entries of types {sorted({type(x).__name__ for x in result})}"
+                f"{len(result)} entries of types {sorted({_type_name(x) for x in result})} (convert "
+                "numpy or torch results with bool(x))"
             )
         return list(result)  # a list of our own, never the backend's object
 
@@ -414,3 +415,9 @@ def _check_buffers(buffers: Sequence[Any] | None) -> None:
                 f"batch_io_v1: buffers[{i}] is a {type(buf).__name__}, not a torch.Tensor; pass one "
                 "uint8 CPU tensor view per key (e.g. HostPool.page_views)"
             )
+
+
+def _type_name(x: object) -> str:
+    """``bool``, ``int``, ... for builtins; ``numpy.bool`` (whose ``__name__`` is ``bool``) qualified."""
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"

@@ -55,7 +55,10 @@ class CanaryState:
         if new:
             raise AssertionError(
                 "a get wrote host memory outside its target slots (it may only write the pages it "
-                "was asked for): " + "; ".join(new[:6]) + (f" (+{len(new) - 6} more)" if len(new) > 6 else "")
+                "was asked for, and only until it returns: a write made after an earlier call "
+                "returned is reported against the call running then): "
+                + "; ".join(new[:6])
+                + (f" (+{len(new) - 6} more)" if len(new) > 6 else "")
             )
 
 

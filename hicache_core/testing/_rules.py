@@ -226,6 +226,12 @@ RULES: dict[str, Rule] = {
         "hash), `BatchShapeError` (mismatched lengths, host pages out of range), `PoolError` "
         "(unregistered or undeclared pool), `BackendNotFoundError` (unknown backend).",
     ),
+    "R38": Rule(
+        "read-only source",
+        "Host memory is read-only to SET and EXISTS: after either returns (and after a controller's "
+        "backup) every host pool holds exactly the bytes it held before; a backend never writes, zeroes "
+        "or reuses the pages it copies out.",
+    ),
 }
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ._t_batch import BatchTests, PoolKindTests
 from ._t_concurrency import ConcurrencyTests
+from ._t_guard import GuardTests
 from ._t_io import DraftTests, PoolsTests, V1Tests, V2Tests
 from ._t_keys import KeyTests
 from ._t_lifecycle import LifecycleTests
@@ -30,6 +31,7 @@ class BackendConformance(
     ConcurrencyTests,
     KeyTests,
     StatefulTests,
+    GuardTests,
 ):
     """The hicache backend conformance suite, as a pytest base class.
 

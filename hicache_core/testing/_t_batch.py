@@ -48,6 +48,46 @@ class PoolKindTests(SuiteBase):
                 checked.append(what)
         assert checked
 
+    @rule("R11", "R14", "R17")
+    def test_pools_cross_path(self, hc: SuiteContext) -> None:
+        """R11, R14, R17: a backend declaring v1 and v2 stores the same objects on both paths (the
+        controller moves pages over v2, and over v1 when it stages, e.g. with ``io_timeout_s``): per
+        declared pool kind and layout, pages set over one path exist and read back byte-exact over
+        the other, both ways."""
+        hc.require("v1")
+        hc.require("v2")
+        pools = {PoolName.MAMBA: "mamba", PoolName.INDEXER: "indexer", PoolName.DRAFT: "draft"}
+        kinds = ["mha", "mla", *(kind for name, kind in pools.items() if name in hc.caps.pools)]
+        checked: list[str] = []
+        for layout in LAYOUTS:
+            if layout == Layout.LAYER_FIRST.value and hc.caps.zero_copy:
+                continue  # R33: a zero-copy v2 path may require page_first pools
+            for kind in kinds:
+                store, name, pool = self._kind_store(hc, kind, layout)
+                for written, read in (("v1", "v2"), ("v2", "v1")):
+                    hashes = self.make_page_hashes(3, salt=100 + len(checked))
+                    what = f"{kind} pool, {layout}, set over {written}, read over {read}"
+                    hc.write(store, name, pool, hashes, [6, 1, 9], salt=len(checked), path=written)
+                    try:
+                        expect_flags(
+                            hc.raw(store, IoOp.EXISTS, name, pool, hashes, [6, 1, 9], read),
+                            [True] * 3,
+                            f"{what}: exists",
+                        )
+                        expect_flags(
+                            hc.read(store, name, pool, hashes, [2, 8, 4], read), [True] * 3, f"{what}: get"
+                        )
+                        got = hc.matches(pool, [2, 8, 4], hashes, salt=len(checked))
+                        expect_flags(got, [True] * 3, f"{what}: bytes after get")
+                    except AssertionError as err:
+                        raise AssertionError(
+                            f"R11/R17: backend {hc.name!r} declares v1 and v2 but its paths disagree: {err}. "
+                            "Both paths must store one object per component key with the bytes in "
+                            "logical (row-major) order, whatever the pool or layout"
+                        ) from None
+                    checked.append(what)
+        assert checked
+
     def _kind_store(self, hc: SuiteContext, kind: str, layout: str) -> tuple[Store, PoolName, HostPool]:
         """A store (config with this layout; MLA for ``mla``) with one pool of ``kind`` registered."""
         store = hc.open(layout=layout, is_mla_model=kind == "mla")

@@ -96,11 +96,19 @@ class ConcurrencyTests(SuiteBase):
 
         _run([threading.Thread(target=worker, args=(t,)) for t in range(workers)])
         assert not problems, "; ".join(problems[:5])
-        assert ctl.backup(hashes, list(range(n, 2 * n))).pages == n
-        assert ctl.query(hashes).pages == n
+        res = ctl.backup(hashes, list(range(n, 2 * n)))
+        assert res.pages == n, f"R36: backup of {n} pages after the concurrent phase: {res}"
+        found = ctl.query(hashes).pages
+        assert found == n, (
+            f"R36: after threads backed up all {n} pages at once (and once more alone), query finds {found}: "
+            "a page a concurrent SET reported True is missing"
+        )
         dst = list(range(0, n))
         hc.sentinel(kv, dst)
-        assert ctl.prefetch(hashes, dst).pages == n
+        res = ctl.prefetch(hashes, dst)
+        assert res.pages == n, (
+            f"R36: prefetch of {n} pages after the concurrent phase restored {res.pages}: {res}"
+        )
         expect_flags(_versions(hc, kv, dst, hashes, salts), [True] * n, "bytes after the concurrent phase")
 
     @rule("R18", "R36")

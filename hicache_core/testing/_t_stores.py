@@ -288,3 +288,38 @@ class StoresTests(SuiteBase):
         self._write_all(hc, x, pools_x, again, 30, io_path)
         for who, store, pools in viewers:
             self._seen(hc, store, pools, again, 30, io_path, f"set again after clear, {who}")
+
+    @rule("R17", "R27")
+    def test_clear_then_set_again(self, hc: SuiteContext, io_path: str) -> None:
+        """R17, R27: R27: "After a clear, no store on that storage reports or serves a cleared page [...]
+        until it is set again; then the new bytes are served". Store A sets pages of every declared
+        pool, store B (open at the same time, `shared`) clears the namespace, A sets the same pages
+        again: a store opened afterwards reads every one (a SET that skipped keys because this store
+        wrote them before would publish nothing)."""
+        hc.require_hook("hicache_clear")
+        hc.require("shared")
+        n = 4
+        a, pools_a = self._store(hc, 2 * n)
+        b, _ = self._store(hc, 2 * n)
+        hashes = self.make_page_hashes(n, salt=58)
+        self._write_all(hc, a, pools_a, hashes, 1, io_path)
+        removed = b.clear()
+        assert isinstance(removed, int) and removed > 0, f"store B's clear() returned {removed!r}"
+        self._write_all(hc, a, pools_a, hashes, 1, io_path)
+        fresh, pools_f = self._store(hc, 2 * n)
+        try:
+            self._seen(
+                hc,
+                fresh,
+                pools_f,
+                hashes,
+                1,
+                io_path,
+                "a new store, pages set again after another store's clear",
+            )
+        except AssertionError as err:
+            raise AssertionError(
+                f"R17: backend {hc.name!r}: {err}. SET True means published: after another store's clear, "
+                "a SET must store the page again (never skip a key because this store wrote it before; "
+                "only the storage can say what is stored)"
+            ) from None

@@ -341,6 +341,7 @@ _KEYS = "broken_backends_keys:"
 _FILE = "broken_backends_file:"
 _IO = "broken_backends_io:"
 _RULES = "broken_backends_rules:"
+_GUARD = "broken_backends_guard:"
 
 #: Every example, correct ones first. ``caught_by`` names the suite tests that must fail: for a
 #: defect on one path of a v1 + v2 backend, the test of that path (``[v1]`` / ``[v2]``).
@@ -515,6 +516,30 @@ EXAMPLES: tuple[Example, ...] = (
     _ex("broken-rules-v2-sorts-slots", _RULES + "V2SortsHostIndices", "test_batch_order_and_repetition[v2]"),
     _ex("broken-rules-v2-by-pool", _RULES + "V2ResultsByPool", "test_batch_transfers_any_order"),
     _ex("broken-rules-v2-pool-order", _RULES + "V2ResultsInPoolOrder", "test_batch_transfers_any_order"),
+    # a red team's defects, written from the guide, that passed the whole suite of that day
+    # (broken_backends_guard.py)
+    _ex("broken-guard-v2-reverses", _GUARD + "V2ReversesComponents", "test_pools_cross_path", says="R11"),
+    _ex(
+        "broken-guard-set-zeroes",
+        _GUARD + "SetZeroesSource",
+        "test_bytes_set_leaves_host_memory[v1]",
+        says="R38",
+    ),
+    _ex(
+        "broken-guard-late-get", _GUARD + "GetWritesLater", "test_bytes_nothing_after_return[v1]", says="R20"
+    ),
+    _ex("broken-guard-zero-marker", _GUARD + "ZeroPageMarker", "test_bytes_zero_pages[v1]", says="R15"),
+    _ex("broken-guard-thread-leak", _GUARD + "ThreadPerStore", "test_discovery_close_releases", says="R2"),
+    _ex(
+        "broken-guard-skips-written",
+        _GUARD + "FileSkipsWhatItWrote",
+        "test_clear_then_set_again[v1]",
+        says="R17",
+    ),
+    _ex(
+        "broken-guard-symlinks", _GUARD + "FileFollowsSymlinks", "test_errors_symlinked_files[v1]", says="R25"
+    ),
+    _ex("broken-guard-model-dir", _GUARD + "FileRootPerModel", "test_errors_hostile_model_name", says="R25"),
 )
 
 #: Backends installed with the examples but not run through the suite (name -> ``module:Class``).
@@ -528,4 +553,5 @@ MODULES = (
     "broken_backends_file",
     "broken_backends_io",
     "broken_backends_rules",
+    "broken_backends_guard",
 )

@@ -9,6 +9,7 @@ still writes inside the test's temporary directory. See ``broken_backends.py`` f
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import threading
 import time
@@ -56,15 +57,21 @@ class GoodFile:
     ) -> list[bool]:
         self.check(keys)
         if op is IoOp.EXISTS:
-            return [(self.root / key).is_file() for key in keys]
+            return [self._exists(key) for key in keys]
         assert buffers is not None
         if op is IoOp.SET:
             return [self._put(key, buf) for key, buf in zip(keys, buffers)]
         return [self._get(key, buf) for key, buf in zip(keys, buffers)]
 
+    def _exists(self, key: str) -> bool:
+        try:
+            return stat.S_ISREG(os.lstat(self.root / key).st_mode)  # lstat: a symlink is no page
+        except FileNotFoundError:
+            return False
+
     def _put(self, key: str, buf: torch.Tensor) -> bool:
         path = self.root / key
-        if path.is_file():
+        if self._exists(key):
             return True  # same key, same bytes (page hashes chain): skipping is allowed
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         self.write(tmp, as_bytes(buf))
@@ -75,12 +82,16 @@ class GoodFile:
         with open(path, "wb") as f:
             f.write(data)
 
+    def _read(self, key: str) -> bytes | None:
+        try:  # O_NOFOLLOW: a symlink planted in the root is never followed out of it
+            with open(os.open(self.root / key, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
+                return f.read()
+        except OSError:  # missing, a directory, or a symlink (ELOOP)
+            return None
+
     def _get(self, key: str, buf: torch.Tensor) -> bool:
-        try:
-            data = (self.root / key).read_bytes()
-        except FileNotFoundError:
-            return False
-        if len(data) != buf.numel():
+        data = self._read(key)
+        if data is None or len(data) != buf.numel():
             return False  # a size mismatch is a miss, never a partial copy
         copy_into(buf, data)
         return True

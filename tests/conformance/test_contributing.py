@@ -118,15 +118,16 @@ EXAMPLE_RE = re.compile(r"<!-- example: (?P<path>[^ ]+) -->\n```[a-z]*\n(?P<body
 
 
 def test_copying_v2_example_certifies(tmp_path: Path) -> None:
-    """The guide's "v2 for a copying backend" example passes the v1, v2, pools and draft tests."""
+    """The guide's "v2 for a copying backend" example, saved where the guide says (``hicache_example/v2.py``,
+    inside the package the template's ``packages`` ships), passes the v1, v2, pools and draft tests."""
     examples = {m["path"]: m["body"] for m in EXAMPLE_RE.finditer(_guide())}
     site = write_dist(
         tmp_path / "site",
         "hicache-example-v2",
-        {"example-v2": "hicache_example_v2:ExampleV2Backend"},
+        {"example-v2": "hicache_example.v2:ExampleV2Backend"},
         {
-            "hicache_example": _templates()["hicache-example/hicache_example/__init__.py"],
-            "hicache_example_v2": examples["hicache_example_v2.py"],
+            "hicache_example/__init__": _templates()["hicache-example/hicache_example/__init__.py"],
+            "hicache_example/v2": examples["hicache_example/v2.py"],
         },
     )
     out = tmp_path / "v2.json"

@@ -62,7 +62,7 @@ def test_pyargs_runs_suite(broken_site: Path, tmp_path: Path) -> None:
         broken_site, tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert re.search(r"\b15 passed\b", proc.stdout), proc.stdout[-1000:]
+    assert re.search(r"\b16 passed\b", proc.stdout), proc.stdout[-1000:]
     assert "hicache conformance: backend='good-memory'" in proc.stdout or "passed" in proc.stdout
 
 
@@ -72,7 +72,7 @@ def test_pyargs_in_project_with_other_python_files(broken_site: Path, tmp_path: 
         _pytest("--pyargs", "hicache_core.testing", "--hicache-backend", "good-memory", "-k", "discovery"),
         broken_site, tmp_path,
     )  # fmt: skip
-    assert proc.returncode == 0 and re.search(r"\b3 passed\b", proc.stdout), proc.stdout[-3000:]
+    assert proc.returncode == 0 and re.search(r"\b4 passed\b", proc.stdout), proc.stdout[-3000:]
 
 
 def test_plugin_options_file(broken_site: Path, tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_check_broken_backend_fails(broken_site: Path, tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stdout[-3000:]
     assert "FAILED test_prefix_hole_ends_prefix" in proc.stdout
-    m = re.search(r"FAILED - 3 passed, (\d+) failed", proc.stdout)  # discovery passes; prefix tests fail
+    m = re.search(r"FAILED - 4 passed, (\d+) failed", proc.stdout)  # discovery passes; prefix tests fail
     assert m and int(m[1]) >= 3, proc.stdout[-2000:]
 
 
@@ -179,16 +179,17 @@ def test_check_json_and_junitxml(broken_site: Path, tmp_path: Path) -> None:
     assert data["schema"] == "hicache-check/1" and data["backend"] == "good-memory"
     assert data["verdict"] == "passed" and data["exit_code"] == 0 and data["contract_error"] is None
     assert data["distribution"] == "hicache-broken-backends"
-    assert data["totals"] == {"passed": 3, "failed": 0, "skipped": 0, "xfailed": 0}
-    assert data["groups"]["discovery"]["passed"] == 3
+    assert data["totals"] == {"passed": 4, "failed": 0, "skipped": 0, "xfailed": 0}
+    assert data["groups"]["discovery"]["passed"] == 4
     assert {t["test"] for t in data["tests"]} == {
         "test_discovery_entry_point_resolves",
         "test_discovery_metadata",
         "test_discovery_open_close",
+        "test_discovery_close_releases",
     }
     assert all(t["group"] == "discovery" and t["outcome"] == "passed" for t in data["tests"])
     cases = ElementTree.parse(xml).getroot().iter("testcase")
-    assert len([c for c in cases if c.get("name", "").startswith("test_discovery")]) == 3
+    assert len([c for c in cases if c.get("name", "").startswith("test_discovery")]) == 4
 
 
 def test_check_json_reports_failures_and_errors(broken_site: Path, tmp_path: Path) -> None:
@@ -200,7 +201,7 @@ def test_check_json_reports_failures_and_errors(broken_site: Path, tmp_path: Pat
     assert proc.returncode == 1
     data = json.loads(out.read_text())
     assert data["verdict"] == "failed" and data["exit_code"] == 1
-    assert data["totals"]["passed"] == 3 and data["totals"]["failed"] >= 3
+    assert data["totals"]["passed"] == 4 and data["totals"]["failed"] >= 3
     assert any(f.startswith("test_prefix_hole_ends_prefix") for f in data["groups"]["prefix"]["failures"])
     failed = [t for t in data["tests"] if t["outcome"] == "failed"]
     assert len(failed) == data["totals"]["failed"] and all(
