@@ -276,3 +276,26 @@ def test_concurrent_puts_of_the_same_pages_report_only_visible_pages(mooncake_ma
             for th in threads:
                 th.join(timeout=60)
         assert not problems, problems
+
+
+def test_shared_memory_of_closed_stores_is_reused(mooncake_standalone: Any) -> None:
+    """Mooncake cannot free store-owned shared memory (standalone mode): a region whose tensors are
+    all gone is handed out again, so opening and closing stores does not grow the process."""
+    import gc
+
+    from hicache_core import StorageConfig, open_store
+
+    config = StorageConfig(backend="mooncake", options=mooncake_standalone.options(load_env=False))
+    first = open_store(config)
+    mem = first.alloc_host_memory(4 << 20)
+    address = mem.data_ptr()
+    first.close()
+    with open_store(config) as second:
+        other = second.alloc_host_memory(4 << 20)
+        assert other.data_ptr() != address  # still in use by `mem`: never handed out twice
+        freed = {address, other.data_ptr()}
+        del mem, other
+        gc.collect()
+    with open_store(config) as third:
+        again = third.alloc_host_memory(4 << 20)
+        assert again.data_ptr() in freed  # an unused region comes back

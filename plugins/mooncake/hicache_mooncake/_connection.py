@@ -43,10 +43,12 @@ import atexit
 import bisect
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,7 +133,9 @@ class Region:
     end: int
     owners: set[str] = field(default_factory=set)
     holder: Any = None  # keeps the memory alive while the transport may touch it
-    permanent: bool = False  # store-owned shared memory: never unregistered before close
+    # Store-owned shared memory: never unregistered before close, never freed (Mooncake cannot);
+    # its holder is a weak reference to the ctypes array the tensors handed out are built on.
+    permanent: bool = False
 
 
 class HealthGate:
@@ -496,6 +500,21 @@ class Connection:
         if not self.standalone:
             raise BackendIOError("mooncake: store-owned shared memory exists only in standalone mode")
         self.ensure_setup(nbytes if sizes_mapping else None)
+        # Mooncake has no call that frees this memory, so a region no tensor uses any more (its
+        # ctypes array was collected) is handed out again rather than allocating anew: a process
+        # that opens and closes stores on one connection does not grow. A closed store's tensors
+        # may wait in reference cycles, so one collection runs before new memory is taken.
+        for attempt in range(2):
+            if attempt:
+                gc.collect()
+            with self._lock:
+                for r in self._regions:
+                    if r.permanent and r.end - r.start == nbytes and r.holder() is None:
+                        array = (ctypes.c_uint8 * nbytes).from_address(r.start)
+                        r.holder, r.owners = weakref.ref(array), {owner}
+                        return torch.frombuffer(array, dtype=torch.uint8)
+                if not any(r.permanent and r.end - r.start == nbytes for r in self._regions):
+                    break  # nothing of this size to wait for
         ptr = int(self.store.alloc_from_mem_pool(nbytes))
         if ptr <= 0:
             raise BackendIOError(
@@ -507,8 +526,8 @@ class Connection:
             raise BackendIOError(f"mooncake: register_buffer of shared memory {nbytes} B returned {rc}")
         array = (ctypes.c_uint8 * nbytes).from_address(ptr)
         tensor = torch.frombuffer(array, dtype=torch.uint8)
-        with self._lock:
-            self._insert(Region(ptr, ptr + nbytes, {owner}, (array, tensor), permanent=True))
+        with self._lock:  # held weakly: the tensors' storage keeps the array alive while used
+            self._insert(Region(ptr, ptr + nbytes, {owner}, weakref.ref(array), permanent=True))
         return tensor
 
     def close(self) -> None:
