@@ -8,7 +8,8 @@
   is not registered (a staged store's own buffers) goes through a buffer registered for the
   call. The OBJ plugin writes whole objects only, so its pages are copied through a staging
   buffer next to their header (``_obj``); it narrows ``zero_copy`` off.
-* Every batch is one NIXL transfer (POSIX: into one new segment, published by one index record);
+* Every batch is one NIXL transfer (POSIX: into one new segment, published by one index record;
+  a read of 8 MiB or more in up to 8 parts, each checksummed while the next moves);
   when NIXL reports it failed, each page component is retried alone (POSIX) or checked for
   existence (OBJ), so a failure is reported per page.
 """

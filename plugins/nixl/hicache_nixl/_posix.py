@@ -37,7 +37,8 @@ import socket
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import xxhash
@@ -45,7 +46,7 @@ import xxhash
 from hicache_core import BackendIOError
 
 from ._agent import Agent, Hold
-from ._format import digest
+from ._format import digests, native_xxh3
 from ._index import BLOCK, CLEAR, DROP, PUT, Entry, Record, pack, parse
 
 __all__ = ["Item", "PosixStore"]
@@ -66,6 +67,10 @@ _SEGMENT = re.compile(r"([0-9a-f]{8})-([0-9]+)-[0-9a-f]{8}-[0-9]+")
 # 32 MiB moved as 16 KiB I/Os took ~38 % longer than as 256 KiB I/Os, while buffered writes of
 # 16 MiB per I/O into new files took 7-14x longer than 256 KiB ones (benchmarks/README.md)
 _RUN_MAX = 256 << 10
+# A read is moved in parts of at least this many bytes (at most _PARTS of them), each part's
+# checksums computed on the hashing thread while the next part moves
+_PART_MIN = 4 << 20
+_PARTS = 8
 
 
 @dataclass
@@ -103,6 +108,8 @@ class PosixStore:
         self._map: dict[str, tuple[str, int, int, int]] = {}
         self._live: dict[str, int] = {}
         self._pos = 0  # log bytes applied
+        self._hasher: ThreadPoolExecutor | None = None
+        self._hasher_pid = 0
         try:
             self.log_fd = os.open(
                 LOG_NAME,
@@ -307,9 +314,12 @@ class PosixStore:
             return out
         published = False
         try:
-            sums = [digest(it.segments) for it in batch]
+            segs = [it.segments for it in batch]
+            hasher = self._hashing(pos)
+            pending = hasher.submit(digests, segs) if hasher is not None else None
             hold = Hold()
             ok = self._move("WRITE", batch, offs, [fd] * len(batch), hold)
+            sums = pending.result() if pending is not None else digests(segs)
             if hold.abandoned:  # NIXL may still write to this fd: never close (and reuse) it
                 hold.objects.append(fd)
                 fd = -1
@@ -386,19 +396,29 @@ class PosixStore:
             if live:
                 hold = Hold()
                 batch = [items[i] for i in live]
-                offs = [ents[i][1] for i in live]  # type: ignore[index]
-                ok = self._move("READ", batch, offs, [fds[ents[i][0]] for i in live], hold)  # type: ignore[index]
+                where = [e for i in live if (e := ents[i]) is not None]
+                hasher = self._hashing(sum(it.length for it in batch))
+                parts = _parts(batch) if hasher is not None else [list(range(len(batch)))]
+                sums: list[Future[list[int]] | list[int]] = []
+
+                def landed(part: list[int], ok: list[bool]) -> None:
+                    segs = [batch[j].segments if ok[j] else () for j in part]
+                    sums.append(hasher.submit(digests, segs) if hasher is not None else digests(segs))
+
+                offs = [e[1] for e in where]
+                ok = self._move("READ", batch, offs, [fds[e[0]] for e in where], hold, parts, landed)
                 if hold.abandoned:  # NIXL may still read these fds: never close (and reuse) them
                     hold.objects.extend(fds.values())
                     fds = {}
                     return out
-                for j, i in enumerate(live):
-                    if not ok[j]:
-                        continue
-                    if digest(items[i].segments) == ents[i][3]:  # type: ignore[index]
-                        out[i] = True
-                    else:
-                        damaged.append(i)
+                for part, got in zip(parts, sums):
+                    for j, d in zip(part, got if isinstance(got, list) else got.result()):
+                        if not ok[j]:
+                            continue
+                        if d == where[j][3]:
+                            out[live[j]] = True
+                        else:
+                            damaged.append(live[j])
         finally:
             for fd in fds.values():
                 os.close(fd)
@@ -454,9 +474,17 @@ class PosixStore:
 
     # --------------------------------------------------------------- transfer
     def _move(
-        self, op: str, items: Sequence[Item], offs: Sequence[int], fds: Sequence[int], hold: Hold
+        self,
+        op: str,
+        items: Sequence[Item],
+        offs: Sequence[int],
+        fds: Sequence[int],
+        hold: Hold,
+        parts: Sequence[list[int]] | None = None,
+        landed: Callable[[list[int], list[bool]], None] | None = None,
     ) -> list[bool]:
-        """One NIXL transfer for every item (``items[j]`` at ``offs[j]`` of ``fds[j]``); per item on failure."""
+        """Move every item (``items[j]`` at ``offs[j]`` of ``fds[j]``): one NIXL transfer per part
+        (default: one part), per item when a part fails; ``landed(part, ok)`` after each part."""
         ok = [False] * len(items)
         if not items:
             return ok
@@ -466,18 +494,36 @@ class PosixStore:
         agent = self.agent
         freg = agent.register([(0, max(end, 1), fd, "") for fd, end in ends.items()], "FILE")
         try:
-            everything = list(range(len(items)))
-            if self._xfer(op, items, offs, fds, everything, hold):
-                ok = [True] * len(items)
-            elif len(items) > 1 and not hold.abandoned:  # which ones failed: one transfer each
-                for j in everything:
-                    ok[j] = self._xfer(op, items, offs, fds, [j], hold)
-                    if hold.abandoned:
-                        break
+            for part in parts if parts is not None else [list(range(len(items)))]:
+                if self._xfer(op, items, offs, fds, part, hold):
+                    for j in part:
+                        ok[j] = True
+                elif len(part) > 1 and not hold.abandoned:  # which ones failed: one transfer each
+                    for j in part:
+                        ok[j] = self._xfer(op, items, offs, fds, [j], hold)
+                        if hold.abandoned:
+                            break
+                if hold.abandoned:
+                    break
+                if landed is not None:
+                    landed(part, ok)
         finally:
             if not hold.abandoned:
                 agent.deregister(freg)
         return ok
+
+    def _hashing(self, nbytes: int) -> ThreadPoolExecutor | None:
+        """The thread computing the checksums of a batch of ``nbytes`` beside NIXL's transfers;
+        ``None`` (hash inline) for a batch under two read parts or when the GIL-free hash did not load."""
+        if native_xxh3 is None or nbytes < 2 * _PART_MIN:
+            return None
+        pid = os.getpid()
+        if self._hasher is None or self._hasher_pid != pid:  # a forked child starts its own
+            with self._lock:
+                if self._hasher is None or self._hasher_pid != pid:
+                    self._hasher = ThreadPoolExecutor(1, thread_name_prefix="hicache-nixl-hash")
+                    self._hasher_pid = pid
+        return self._hasher
 
     def _xfer(
         self,
@@ -546,11 +592,31 @@ class PosixStore:
         with self._lock:
             fds = [*self._shards.values(), self.log_fd, self.root_fd]
             self._shards.clear()
+            hasher, self._hasher = self._hasher, None
+        if hasher is not None and self._hasher_pid == os.getpid():
+            hasher.shutdown(wait=True)
         for fd in fds:
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _parts(items: Sequence[Item]) -> list[list[int]]:
+    """Indices of ``items`` in the order of their pool addresses, cut into up to :data:`_PARTS`
+    parts of at least :data:`_PART_MIN` bytes (runs adjacent in memory stay merged within a part)."""
+    order = sorted(range(len(items)), key=lambda j: items[j].segments[0][0] if items[j].segments else 0)
+    total = sum(it.length for it in items)
+    size = max(_PART_MIN, -(-total // _PARTS))
+    parts: list[list[int]] = [[]]
+    have = 0
+    for j in order:
+        if have >= size:
+            parts.append([])
+            have = 0
+        parts[-1].append(j)
+        have += items[j].length
+    return parts
 
 
 def _alive(pid: int) -> bool:
