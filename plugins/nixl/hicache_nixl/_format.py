@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import struct
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import xxhash
 
@@ -29,7 +29,6 @@ __all__ = [
     "digest",
     "digests",
     "memory",
-    "native_xxh3",
     "pack_header",
     "verify_header",
 ]
@@ -69,52 +68,10 @@ def digest(segments: Sequence[tuple[int, int]]) -> int:
     return h.intdigest()
 
 
-def _load_native() -> Callable[[int, int], int] | None:
-    """``XXH3_64bits(addr, len)`` of the xxhash wheel's own extension (it exports libxxhash's C
-    API), called through ctypes, which releases the GIL for the call: hashing on another thread
-    then runs beside the NIXL transfer instead of taking turns with it (``xxhash``'s Python
-    functions hold the GIL). ``None`` when the symbol is absent or disagrees with
-    ``xxhash.xxh3_64_intdigest`` on a sample: the caller then hashes with ``xxhash`` inline."""
-    try:
-        from xxhash import _xxhash  # type: ignore[attr-defined]
-
-        lib = ctypes.CDLL(_xxhash.__file__)
-        fn = None
-        for name in ("XXH3_64bits_dispatch", "XXH3_64bits"):  # dispatch: the SIMD width of this CPU
-            fn = getattr(lib, name, None)
-            if fn is not None:
-                break
-        if fn is None:
-            return None
-        fn.restype = ctypes.c_uint64
-        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-        sample = bytes((i * 131 + 7) & 0xFF for i in range(5000))
-        buf = ctypes.create_string_buffer(sample, len(sample))
-        base = ctypes.addressof(buf)
-        for n in (0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 4097, 5000):
-            if fn(base, n) != xxhash.xxh3_64_intdigest(sample[:n]):
-                return None
-        return cast("Callable[[int, int], int]", fn)
-    except (ImportError, OSError, AttributeError, TypeError, ValueError):
-        return None
-
-
-native_xxh3 = _load_native()
-
-
 def digests(items: Sequence[Sequence[tuple[int, int]]]) -> list[int]:
-    """``digest`` of each item's segments; a one-segment item through :data:`native_xxh3` (GIL
-    released) when it loaded."""
-    fn = native_xxh3
-    if fn is None:
-        return [digest(segs) for segs in items]
-    out = []
-    for segs in items:
-        if len(segs) == 1:
-            out.append(fn(*segs[0]))
-        else:
-            out.append(digest(segs))
-    return out
+    """``digest`` of each item's segments. ``xxhash`` releases the GIL while it hashes a buffer
+    of 64 KiB or more, so a thread computing these runs beside NIXL's transfers."""
+    return [digest(segs) for segs in items]
 
 
 def pack_header(out: np.ndarray, key: str, length: int, payload_sum: int) -> None:

@@ -46,7 +46,7 @@ import xxhash
 from hicache_core import BackendIOError
 
 from ._agent import Agent, Hold
-from ._format import digests, native_xxh3
+from ._format import digests
 from ._index import BLOCK, CLEAR, DROP, PUT, Entry, Record, pack, parse
 
 __all__ = ["Item", "PosixStore"]
@@ -514,8 +514,8 @@ class PosixStore:
 
     def _hashing(self, nbytes: int) -> ThreadPoolExecutor | None:
         """The thread computing the checksums of a batch of ``nbytes`` beside NIXL's transfers;
-        ``None`` (hash inline) for a batch under two read parts or when the GIL-free hash did not load."""
-        if native_xxh3 is None or nbytes < 2 * _PART_MIN:
+        ``None`` (hash inline) for a batch under two read parts."""
+        if nbytes < 2 * _PART_MIN:
             return None
         pid = os.getpid()
         if self._hasher is None or self._hasher_pid != pid:  # a forked child starts its own
