@@ -11,6 +11,13 @@ backend cannot be resolved), ``--junitxml FILE`` pytest's JUnit XML (both checke
 the suite runs). Exit code 0 only when pytest exited 0, no test failed or errored and at least one
 passed; otherwise the verdict is not PASSED and the line after it says why (pytest's exit code
 explained). pytest and rich are imported only when the command runs.
+
+The run leaves nothing behind in the working directory: installed pytest plugins are not
+auto-loaded (the suite's own are loaded by name; ``-p NAME`` after ``--`` loads another) and
+hypothesis keeps its files in the run's temporary directory. ``--test-timeout S`` fails a test
+phase that runs longer than ``S`` seconds (``_timeout.py``); a test the alarm cannot interrupt is
+ended by a watchdog that prints the summary of what ran and exits. A temporary directory that
+cannot be removed after the run (a backend still writing into its roots after close) is a failure.
 """
 
 from __future__ import annotations
@@ -19,12 +26,14 @@ import argparse
 import json
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import BackendContractError, BackendUnavailableError, HiCacheError, OptionsError
+from ._check_guard import Watchdog, isolated, plugins_for, remove_workdir, thread_notes
 
 __all__ = [
     "JSON_SCHEMA",
@@ -39,6 +48,12 @@ __all__ = [
 
 JSON_SCHEMA = "hicache-check/1"
 """The ``schema`` field of ``hicache check --json``: bumped when a field changes meaning."""
+
+DEFAULT_TEST_TIMEOUT_S = 120.0
+"""``--test-timeout``: seconds a test phase may run before it fails as "the backend did not answer"."""
+
+CLEANUP_NODE = "hicache check::cleanup"
+"""The pseudo-test that fails when the run's temporary directory cannot be removed (group ``other``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,8 +78,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also print one row per rule of the backend contract (R1, R2, ...): its tests and their "
         "result for this backend; a skipped rule shows the capability that skips it",
     )
+    parser.add_argument(
+        "--test-timeout",
+        type=_seconds,
+        default=DEFAULT_TEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="fail a test whose setup, body or teardown runs longer than SECONDS: the backend did not "
+        f"answer (default {DEFAULT_TEST_TIMEOUT_S:g}; 0: no limit)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="hide pytest's progress output")
     parser.epilog = "Arguments after `--` go to pytest, e.g. `hicache check file -- -k v1 -x`."
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 1e9:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 @dataclass
@@ -138,7 +171,11 @@ def _crash(longrepr: Any) -> str:
     """The first line of a failure's exception message (whole: ``--json`` keeps it, the table
     shortens it)."""
     message = getattr(getattr(longrepr, "reprcrash", None), "message", None) or _text(longrepr)
+    message = message.removeprefix(_TIMEOUT_PREFIX)
     return message.strip().splitlines()[0] if message.strip() else ""
+
+
+_TIMEOUT_PREFIX = "hicache_core.cli._timeout.TimeLimitExceeded: "
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -208,7 +245,12 @@ def rule_summary(
 
 
 def _pytest_args(
-    name: str, options: dict[str, Any] | None, workdir: Path, extra: list[str], quiet: bool
+    name: str,
+    options: dict[str, Any] | None,
+    workdir: Path,
+    extra: list[str],
+    quiet: bool,
+    test_timeout: float = 0.0,
 ) -> list[str]:
     import hicache_core.testing as testing
 
@@ -229,18 +271,22 @@ def _pytest_args(
         "--noconftest",  # the suite needs none; never pick up the current project's conftest.py
         "-p",
         "no:cacheprovider",
+        "-p",  # plugin auto-loading is off for the run (see isolated): the suite's are loaded by name
+        "hicache_core.testing._plugin",
+        "-p",
+        "hicache_core.cli._timeout",
         "--tb=short",
         "-q",
         "--basetemp",
         str(workdir / "tmp"),
     ]
+    if test_timeout > 0:
+        args += ["--hicache-test-timeout", f"{test_timeout:g}"]
     if quiet:
         args += ["--no-summary", "-qq", "--tb=no"]
     if options:
         args += ["--hicache-options", json.dumps(options)]
-    if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
-        args += ["-p", "hicache_core.testing._plugin"]
-    return args + extra
+    return args + plugins_for(extra) + extra
 
 
 def run(args: argparse.Namespace) -> int:
@@ -289,24 +335,56 @@ def _run(args: argparse.Namespace, json_path: str | None) -> int:
         _check_writable(json_path, "--json")
     if getattr(args, "junitxml", None):
         extra = [f"--junitxml={_check_writable(args.junitxml, '--junitxml')}", *extra]
-    with tempfile.TemporaryDirectory(prefix="hicache-check-") as tmp:
-        try:
-            code = int(
-                pytest.main(_pytest_args(name, options, Path(tmp), extra, args.quiet), plugins=[collector])
-            )
-        except OSError as err:  # pytest's own report files (--junitxml) failing at the end
-            raise HiCacheError(
-                f"pytest could not write {err.filename or 'a file'}: {err.strerror or err}"
-            ) from None
+    limit = float(getattr(args, "test_timeout", DEFAULT_TEST_TIMEOUT_S) or 0.0)
+
+    def finish(code: int, threads: list[threading.Thread]) -> int:
+        return _finish(args, name, options, collector, contract_error, json_path, code, threads)
+
+    workdir = tempfile.TemporaryDirectory(prefix="hicache-check-", ignore_cleanup_errors=True)
+    before = set(threading.enumerate())
+    watchdog = Watchdog(collector, finish, Path(workdir.name)) if limit > 0 else None
+    try:
+        with isolated(Path(workdir.name)):
+            pargs = _pytest_args(name, options, Path(workdir.name), extra, args.quiet, limit)
+            code = int(pytest.main(pargs, plugins=[collector]))
+    except OSError as err:  # pytest's own report files (--junitxml) failing at the end
+        raise HiCacheError(
+            f"pytest could not write {err.filename or 'a file'}: {err.strerror or err}"
+        ) from None
+    finally:
+        if watchdog is not None:
+            watchdog.close()
+        left = remove_workdir(workdir)
+    if left:
+        collector.outcomes[CLEANUP_NODE] = ("failed", left)
+        collector.rules[CLEANUP_NODE] = ("R2",)
+    threads = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+    args.hard_exit = any(not t.daemon for t in threads)  # they would hang the interpreter's exit
+    return finish(code, threads)
+
+
+def _finish(
+    args: argparse.Namespace,
+    name: str,
+    options: dict[str, Any],
+    collector: _Collector,
+    contract_error: str | None,
+    json_path: str | None,
+    code: int,
+    threads: list[threading.Thread],
+) -> int:
+    """Print the summary (and the rules), write ``--json``; return the exit code."""
     summary = summarize(collector.outcomes)
     if getattr(args, "rules", False):
         _print_rules(name, rule_summary(collector.outcomes, collector.rules))
     failed = sum(g.failed for g in summary.values()) + len(collector.collect_errors)
     passed = sum(g.passed for g in summary.values())
     exit_code = 1 if failed else (code or (0 if passed else _NO_TESTS))
-    _print(name, summary, collector.collect_errors, contract_error, exit_code)
+    left = thread_notes(threads)
+    _print(name, summary, collector.collect_errors, contract_error, exit_code, left)
     if json_path:
-        _write_json(json_path, report(name, options, summary, collector, code, exit_code, contract_error))
+        data = report(name, options, summary, collector, code, exit_code, contract_error)
+        _write_json(json_path, {**data, "threads_left": left})
     if not failed and exit_code:
         print(f"hicache check: {_why(code, exit_code)}; see pytest's output above")
     return exit_code
@@ -447,6 +525,7 @@ def _print(
     collect_errors: list[str],
     contract_error: str | None = None,
     exit_code: int = 0,
+    threads_left: list[str] | None = None,
 ) -> None:
     from rich.console import Console
     from rich.markup import escape
@@ -485,6 +564,11 @@ def _print(
         console.print(f"[red]collection error:[/red] {escape(err)}")
     if contract_error:
         console.print(f"[red]the backend breaks the contract when loaded:[/red] {escape(contract_error)}")
+    if threads_left:
+        shown = "; ".join(threads_left[:5]) + ("; ..." if len(threads_left) > 5 else "")
+        console.print(
+            f"[yellow]{len(threads_left)} thread(s) started during the run still run:[/yellow] {escape(shown)}"
+        )
     verdict = (
         "[red]FAILED[/red]"
         if totals.failed or collect_errors

@@ -4,7 +4,8 @@ Each verb lives in its own module (``cli/<verb>.py``) exposing ``add_arguments(p
 ``run(args) -> int``; it is imported only when used, so ``hicache backends`` stays fast.
 hicache errors are printed as one paragraph (no traceback) with exit code 2; a reader that closes
 the pipe early (``hicache backends --json | head``) ends the command quietly with code 141; any
-other failure to write (``> /dev/full``) is one line on stderr and exit code 1.
+other failure to write (``> /dev/full``) is one line on stderr and exit code 1. A verb that left
+non-daemon threads running (``args.hard_exit``) ends the process without waiting for them.
 """
 
 from __future__ import annotations
@@ -74,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {err.filename}" if err.filename else " (writing standard output)"
         print(f"hicache {args.verb}: error: {err.strerror or err}{where}", file=sys.stderr)
         return 1
+    if argv is None and getattr(args, "hard_exit", False):
+        # the command's own process (the `hicache` script): threads the backend left running
+        # (e.g. stuck past `check --test-timeout`) would block the interpreter's exit forever
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

@@ -21,8 +21,16 @@ from importlib import import_module, metadata
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
-from ..errors import BackendContractError, BackendNotFoundError, BackendUnavailableError
+from ..errors import (
+    BackendContractError,
+    BackendNotFoundError,
+    BackendUnavailableError,
+    ConfigError,
+    HiCacheError,
+    OptionsError,
+)
 from ..types import Capabilities
+from .paths import LEGACY_PATH_OPTIONS, path_options, with_fresh_paths  # re-exported
 
 __all__ = [
     "BACKENDS_GROUP",
@@ -31,11 +39,13 @@ __all__ = [
     "PluginInfo",
     "backend_names",
     "clear_caches",
+    "defaults_error",
     "describe_backend",
     "find_backends",
     "find_extensions",
     "load_backend_class",
     "load_extension_class",
+    "operator_error",
     "path_options",
     "validate_backend_class",
     "with_fresh_paths",
@@ -467,10 +477,11 @@ def validate_backend_class(cls: Any, origin: str = "backend") -> None:
     try:
         options()
     except Exception as err:
-        raise BackendContractError(
-            f"{origin}: {cls.__name__}.Options() must be constructible with defaults (give every "
-            f"field a default): {err}"
-        ) from None
+        if operator_error(err) is None:  # else the class is sound: the operator's settings are not
+            raise BackendContractError(
+                f"{origin}: {cls.__name__}.Options() must be constructible with defaults (give every "
+                f"field a default): {err}"
+            ) from None
     caps = getattr(cls, "capabilities", None)
     if not isinstance(caps, Capabilities):
         raise BackendContractError(
@@ -491,78 +502,28 @@ def validate_backend_class(cls: Any, origin: str = "backend") -> None:
         ) from None
 
 
-LEGACY_PATH_OPTIONS = ("root", "file_path_prefix")
-"""``str`` option names treated as paths for backends written before path options were typed."""
+def operator_error(err: BaseException) -> HiCacheError | None:
+    """The operator's mistake behind a failure of ``Options(...)``, else ``None``: an
+    :class:`OptionsError` / :class:`ConfigError` that a validator raised (e.g. from an environment
+    variable or a config file the options read), itself or inside pydantic's ValidationError."""
+    from pydantic import ValidationError
 
-_PATH_FORMATS = {"path": "path", "directory-path": "dir"}
-
-
-def path_options(options_model: Any) -> dict[str, str]:
-    """The fields of a backend's ``Options`` model that hold a filesystem path, with their kind.
-
-    A field is a path option when its type is a path (``pathlib.Path``, ``Path | None``,
-    pydantic's ``NewPath`` or ``DirectoryPath``, any ``os.PathLike``) or when it is marked as one
-    with ``Field(json_schema_extra={"format": "path"})`` (``"directory-path"`` for a directory
-    that must exist); the ``str`` fields named in :data:`LEGACY_PATH_OPTIONS` count too. The kind
-    is ``"dir"`` when the path must be an existing directory, else ``"path"`` (nothing needs to
-    exist there). ``FilePath`` fields (an existing file) are not path options: no fresh path
-    can satisfy them. The conformance suite and ``hicache bench`` give each path option the user
-    did not set a fresh temporary path, and remove it afterwards.
-    """
-    fields = getattr(options_model, "model_fields", None) or {}
-    out: dict[str, str] = {}
-    for name, field in fields.items():
-        extra = getattr(field, "json_schema_extra", None)
-        marked = extra.get("format") if isinstance(extra, Mapping) else None
-        kind = _PATH_FORMATS.get(marked) if isinstance(marked, str) else None
-        kind = kind or _path_kind(getattr(field, "annotation", None), getattr(field, "metadata", ()))
-        if kind is None and name in LEGACY_PATH_OPTIONS:
-            kind = "path"
-        if kind in ("path", "dir"):  # an existing-file field (pydantic FilePath) is the user's to give
-            out[name] = kind
-    return out
-
-
-def _path_kind(annotation: Any, metadata: Any = ()) -> str | None:
-    """``"path"`` / ``"dir"`` / ``"existing"`` (must exist as a regular file) when ``annotation`` (through unions and ``Annotated``)
-    is a path type, else ``None``."""
-    import typing
-    from pathlib import PurePath
-
-    for m in metadata or ():
-        kind = getattr(m, "path_type", None)  # pydantic's PathType: 'dir', 'new' or an existing file
-        if kind == "dir":
-            return "dir"
-        if kind == "new":
-            return "path"
-        if kind is not None:
-            return "existing"
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        base, *meta = typing.get_args(annotation)
-        return _path_kind(base, meta)
-    if origin is typing.Union or type(annotation).__name__ == "UnionType":
-        kinds = [_path_kind(a) for a in typing.get_args(annotation)]
-        return next((k for k in kinds if k is not None), None)
-    if inspect.isclass(annotation) and (issubclass(annotation, PurePath) or annotation is os.PathLike):
-        return "path"
+    if isinstance(err, (OptionsError, ConfigError)):
+        return err
+    for detail in err.errors() if isinstance(err, ValidationError) else ():
+        cause = (detail.get("ctx") or {}).get("error")
+        if isinstance(cause, (OptionsError, ConfigError)):
+            return cause
     return None
 
 
-def with_fresh_paths(
-    options_model: Any, options: Mapping[str, Any], base_dir: str | os.PathLike[str]
-) -> dict[str, Any]:
-    """``options`` with every :func:`path_options` field it leaves unset (absent or ``None``) set
-    to ``{base_dir}/hicache-{field}``; a ``"dir"`` field's directory is created, other paths are
-    not (the backend creates its directory or files there)."""
-    out = dict(options)
-    for name, kind in path_options(options_model).items():
-        if out.get(name) is None:
-            path = os.path.join(os.fspath(base_dir), f"hicache-{name}")
-            if kind == "dir":
-                os.makedirs(path, exist_ok=True)
-            out[name] = path
-    return out
+def defaults_error(cls: type) -> HiCacheError | None:
+    """Why ``cls.Options()`` fails here because of the operator's settings, else ``None``."""
+    try:
+        cls.Options()  # type: ignore[attr-defined]
+    except Exception as err:
+        return operator_error(err)
+    return None
 
 
 def availability(cls: type) -> str | None:
@@ -591,7 +552,10 @@ def describe_backend(name: str, info: PluginInfo | None = None) -> dict[str, Any
         return row
     caps: Capabilities = cls.capabilities  # type: ignore[attr-defined]
     reason = availability(cls)
+    misconfigured = defaults_error(cls) if reason is None else None
     row["status"] = "ok" if reason is None else f"unavailable: {reason}"
+    if misconfigured is not None:  # installed and sound; the environment it reads is not
+        row["status"] = f"misconfigured: {misconfigured}"
     row["capabilities"] = caps.as_dict()
     row["draft_io"] = caps.draft_io.value
     row.update({k: v for k, v in caps.as_dict().items() if k not in row})

@@ -44,6 +44,7 @@ _SUITE_MODULES = (
     "_t_stateful",
     "_t_batch",
     "_t_stores",
+    "_t_guard",
 )
 # Detailed assertion messages in the suite, however hicache-core is installed (not yet imported here).
 pytest.register_assert_rewrite(

@@ -13,8 +13,8 @@ import torch
 from hicache_mooncake import MooncakeBackend, MooncakeOptions
 from hicache_mooncake._options import ENV_FIELDS, parse_size, resolve_device
 
-from hicache_core import DraftIoMode, OptionsError, PoolError, StorageConfig
-from hicache_core.plugin.registry import describe_backend, load_backend_class
+from hicache_core import BackendContractError, DraftIoMode, OptionsError, PoolError, StorageConfig
+from hicache_core.plugin.registry import clear_caches, describe_backend, load_backend_class
 from hicache_core.plugin.store import validate_options
 from hicache_core.sizing import standalone_required_bytes
 
@@ -158,3 +158,62 @@ def test_sglang_config_file_must_be_a_small_regular_file(
         monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
         with pytest.raises(ValueError, match="SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"):
             MooncakeOptions()
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "field"),
+    [
+        ("MOONCAKE_MASTER", "nohost", None),  # checked by the plugin itself
+        ("MOONCAKE_SETUP_TIMEOUT", "abc", "setup_timeout_s"),  # refused by the field's type
+        ("MOONCAKE_CHECK_SERVER", "maybe", "check_server"),
+    ],
+)
+def test_bad_environment_is_the_operators_error(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str, field: str | None
+) -> None:
+    """Listing shows the backend installed and sound, with the variable to fix; opening it raises
+    an OptionsError naming the variable and the fix, never a BackendContractError."""
+    monkeypatch.setenv(var, value)
+    clear_caches()
+    assert load_backend_class("mooncake") is MooncakeBackend
+    row = describe_backend("mooncake")
+    assert row["status"].startswith(f"misconfigured: environment variable {var}"), row["status"]
+    assert f"set {var} to a valid value or unset it" in row["status"]
+    assert row["capabilities"] is not None and row["capabilities"]["v2"]
+    if field is not None:
+        assert f"option {field!r}" in row["status"]
+    with pytest.raises(OptionsError, match=f"environment variable {var}") as err:
+        validate_options(MooncakeBackend, "mooncake", {})
+    assert not isinstance(err.value, BackendContractError)
+    explicit = {"master_server_address": "h:1", "setup_timeout_s": 1.0, "check_server": False}
+    assert validate_options(MooncakeBackend, "mooncake", explicit)  # explicit options win
+    assert validate_options(MooncakeBackend, "mooncake", {"load_env": False})
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("[1]", "must hold a JSON object"),
+        ("{nope", "is not a readable JSON file"),
+        ('{"master_addr": "h:1"}', "sets 'master_addr', which is not a mooncake option"),
+        ('{"replica_num": 99}', "sets option 'replica_num' to a bad value"),
+        (None, "not a regular file"),  # a FIFO
+    ],
+)
+def test_bad_sglang_config_file_is_the_operators_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, content: str | None, words: str
+) -> None:
+    path = tmp_path / "mooncake.json"
+    if content is None:
+        os.mkfifo(path)
+    else:
+        path.write_text(content)
+    monkeypatch.setenv("SGLANG_HICACHE_MOONCAKE_CONFIG_PATH", str(path))
+    clear_caches()
+    assert load_backend_class("mooncake") is MooncakeBackend
+    status = describe_backend("mooncake")["status"]
+    assert status.startswith(f"misconfigured: SGLANG_HICACHE_MOONCAKE_CONFIG_PATH={str(path)!r}"), status
+    assert words in status and "or unset it" in status
+    with pytest.raises(OptionsError, match="SGLANG_HICACHE_MOONCAKE_CONFIG_PATH") as err:
+        validate_options(MooncakeBackend, "mooncake", {})
+    assert words in str(err.value) and not isinstance(err.value, BackendContractError)

@@ -3,6 +3,8 @@
 Precedence, highest first: explicit options (config file ``options`` / ``--options``), the JSON
 file named by ``SGLANG_HICACHE_MOONCAKE_CONFIG_PATH``, the ``MOONCAKE_*`` environment variables
 SGLang reads, then the defaults below. ``load_env=False`` ignores the file and the environment.
+A bad value from the file or the environment is the operator's mistake: a ``ConfigError`` naming
+the variable and the fix (inside pydantic's ``ValidationError``; the core reports it as such).
 """
 
 from __future__ import annotations
@@ -10,12 +12,21 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
 
 from hicache_core.config import read_small_file
+from hicache_core.errors import ConfigError
 
 __all__ = [
     "CHECKSUM_ENV",
@@ -145,27 +156,64 @@ _ENV_CHECKS = {
 }
 
 
-def _from_env(environ: Mapping[str, str]) -> dict[str, Any]:
+def _from_env(
+    environ: Mapping[str, str], explicit: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Options from the environment and the SGLang config file, and where each came from (the
+    variables of ``explicit`` fields are not read). A bad value is the operator's mistake: a
+    :class:`ConfigError` naming the variable and the fix."""
     out: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for var, field in ENV_FIELDS:
-        if field not in out and environ.get(var, "") != "":
+        if field not in out and field not in explicit and environ.get(var, "") != "":
             check = _ENV_CHECKS.get(field)
             if check is not None:
                 try:
                     check(environ[var])
                 except ValueError as err:
-                    raise ValueError(f"environment variable {var}: {err}") from None
+                    raise ConfigError(
+                        f"environment variable {var}: {err}; {_FIX_VAR.format(var=var)}"
+                    ) from None
             out[field] = environ[var]
+            sources[field] = f"environment variable {var}"
     path = environ.get(CONFIG_PATH_ENV, "")
     if path:
         try:  # a small regular file: never blocks on a FIFO, never reads /dev/zero without end
             data = json.loads(read_small_file(path).decode("utf-8"))
         except (OSError, ValueError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise ValueError(f"{CONFIG_PATH_ENV}={path!r} is not a readable JSON file: {err}") from None
+            raise ConfigError(
+                f"{CONFIG_PATH_ENV}={path!r} is not a readable JSON file: {err}; {_FIX_FILE}"
+            ) from None
         if not isinstance(data, dict):
-            raise ValueError(f"{CONFIG_PATH_ENV}={path!r} must hold a JSON object")
+            raise ConfigError(f"{CONFIG_PATH_ENV}={path!r} must hold a JSON object; {_FIX_FILE}")
         out.update(data)
-    return out
+        sources.update(dict.fromkeys(map(str, data), f"{CONFIG_PATH_ENV}={path!r}"))
+    return out, sources
+
+
+_FIX_VAR = "set {var} to a valid value or unset it (or pass the option explicitly)"
+_FIX_FILE = (
+    f"point {CONFIG_PATH_ENV} at a regular file (at most 4 MiB) holding a JSON object of mooncake "
+    "options, or unset it"
+)
+
+
+def _blame(
+    err: ValidationError, sources: Mapping[str, str], explicit: Mapping[str, Any]
+) -> ConfigError | None:
+    """The environment variable or config file behind the first field error, if one set it."""
+    for detail in err.errors():
+        field = str(detail["loc"][0]) if detail["loc"] else ""
+        if field in sources and field not in explicit:
+            source = sources[field]
+            what = (
+                f"sets {field!r}, which is not a mooncake option"
+                if detail["type"] == "extra_forbidden"
+                else f"sets option {field!r} to a bad value: {detail['msg']}"
+            )
+            fix = _FIX_FILE if source.startswith(CONFIG_PATH_ENV) else _FIX_VAR.format(var=source.split()[-1])
+            return ConfigError(f"{source} {what}; {fix}")
+    return None
 
 
 class MooncakeOptions(BaseModel):
@@ -259,14 +307,21 @@ class MooncakeOptions(BaseModel):
     def _protocol(cls, value: str) -> str:
         return _check_protocol(value)
 
-    @model_validator(mode="before")
+    @model_validator(mode="wrap")
     @classmethod
-    def _env(cls, data: Any) -> Any:
+    def _env(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         if not isinstance(data, Mapping):
-            return data
+            return handler(data)
         if not data.get("load_env", True) or str(data.get("load_env")).lower() in ("false", "0"):
-            return data
-        return {**_from_env(os.environ), **data}
+            return handler(data)
+        env, sources = _from_env(os.environ, explicit=data.keys())
+        try:
+            return handler({**env, **data})
+        except ValidationError as err:  # a value from the environment is the operator's to fix
+            blamed = _blame(err, sources, data)
+            if blamed is None:
+                raise
+            raise blamed from None
 
     @model_validator(mode="after")
     def _check(self) -> MooncakeOptions:
