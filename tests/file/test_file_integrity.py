@@ -12,6 +12,7 @@ import pytest
 import torch
 from file_helpers import config, fill, pages, zero
 from hicache_file._format import header_size
+from hicache_file._page_io import PIECE
 
 from hicache_core import CacheController, IoOp, MHAKVPool, open_store, page_hashes
 
@@ -64,17 +65,29 @@ DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("kind", list(DAMAGE))
+# a payload read in pieces (_page_io.PIECE each, checksummed one by one): the last piece short
+BIG = 3 * PIECE + 4160
+DAMAGE_BIG = {
+    **DAMAGE,
+    "bit flip in the first piece": _flip(header_size(len(KEY)) + 5),
+    "bit flip in a middle piece": _flip(header_size(len(KEY)) + PIECE + 7),
+    "bit flip in the last piece": _flip(-1),
+    "truncated to whole pieces": lambda p: os.truncate(p, header_size(len(KEY)) + 2 * PIECE),
+}
+
+
+@pytest.mark.parametrize(("n", "kind"), [(N, k) for k in DAMAGE] + [(BIG, k) for k in DAMAGE_BIG])
 def test_damaged_page_is_a_counted_miss_and_removed(
-    tmp_path: Path, kind: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, n: int, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    data = torch.randint(0, 256, (N,), dtype=torch.uint8)
+    assert (n > PIECE) == (n == BIG)  # the big size takes the piecewise read
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8)
     with open_store(config(tmp_path)) as store:
         backend = store.backend
         assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
         path = backend.path_of(KEY)
-        DAMAGE[kind](path)
-        out = torch.zeros(N, dtype=torch.uint8)
+        DAMAGE_BIG[kind](path)
+        out = torch.zeros(n, dtype=torch.uint8)
         with caplog.at_level(logging.WARNING, logger="hicache.file"):
             assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [False]
         assert backend.stats.integrity_errors == 1
@@ -138,3 +151,24 @@ def test_corrupt_page_cuts_the_prefetched_prefix(tmp_path: Path) -> None:
         after = ctl.store.backend.stats
         assert (after.writes - before.writes, after.skipped_writes - before.skipped_writes) == (1, 15)
         assert ctl.prefetch(hashes, range(8)).pages == 8
+
+
+@pytest.mark.parametrize("extra", [-1, 0, 1, PIECE - 1, PIECE, PIECE + 1, 15 * PIECE + 3])
+def test_piecewise_read_gives_the_stored_bytes_and_checksum(
+    tmp_path: Path, extra: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Payloads around the piece size: read piece by piece (their streamed xxh3_64 checked against
+    the one-shot digest stored at write time) and in one ``readv`` they give the same bytes; so the
+    piecewise read verifies exactly what the format stores, and pages written before it still read."""
+    import hicache_file._page_io as page_io
+
+    n = PIECE + extra
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    with open_store(config(tmp_path)) as store:
+        assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
+        for piece in (PIECE, 1 << 62):  # piecewise (when n > PIECE), then one readv
+            monkeypatch.setattr(page_io, "PIECE", piece)
+            out = torch.zeros(n, dtype=torch.uint8)
+            assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True]
+            assert torch.equal(out, data)
+        assert store.backend.stats.integrity_errors == 0

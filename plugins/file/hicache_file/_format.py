@@ -71,6 +71,8 @@ __all__ = [
     "location",
     "relpath",
     "shard",
+    "xxh3_64",
+    "xxh3_stream",
 ]
 
 MAGIC = b"HCFP"
@@ -87,7 +89,9 @@ TEMP_DIR = ".hicache-tmp"
 
 _FIXED = struct.Struct("<4sBBHQQ")  # magic, version, algo, key length, payload length, checksum
 xxh3_64 = xxhash.xxh3_64_intdigest
-_xxh3_stream = xxhash.xxh3_64
+xxh3_stream = xxhash.xxh3_64
+"""A streaming xxh3_64 (``update`` then ``intdigest``): the same value as :data:`xxh3_64` of the
+concatenation."""
 
 
 def checksum(parts: Sequence[Any]) -> int:
@@ -98,7 +102,7 @@ def checksum(parts: Sequence[Any]) -> int:
     """
     if len(parts) == 1:
         return xxh3_64(parts[0])
-    h = _xxh3_stream()
+    h = xxh3_stream()
     for p in parts:
         h.update(p)
     return h.intdigest()

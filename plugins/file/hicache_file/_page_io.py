@@ -32,6 +32,9 @@ log = logging.getLogger("hicache.file")
 # O_NONBLOCK: a FIFO planted at a page's name must not block a reader (no effect on files)
 _RFLAGS = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 _FH = fmt.FIXED_HEADER
+PIECE = 128 << 10
+"""A payload larger than this is read ``PIECE`` bytes per ``readv``, each piece checksummed right
+after its read, while it is still in the CPU's cache (:func:`_read_pieces`)."""
 
 
 class PageIo:
@@ -90,6 +93,7 @@ class PageIo:
         hits = misses = nbytes = 0
         checksum, xxh3 = fmt.checksum, fmt.xxh3_64
         parts = fmt.header_parts
+        piece = PIECE
         spare = bytearray(1)  # a byte read into it means trailing garbage
         track = self.index is not None
         osopen, rflags = os.open, _RFLAGS
@@ -124,13 +128,16 @@ class PageIo:
             reason: str | None = "?"
             try:
                 hdr = bytearray(hsize)
-                nread = os.readv(fd, [hdr, *iov, spare])
+                if size > piece and len(iov) == 1:
+                    nread, digest = _read_pieces(fd, hdr, iov[0], size, spare)
+                else:
+                    nread, digest = os.readv(fd, [hdr, *iov, spare]), None
                 if (
                     nread == hsize + size
                     and hdr[:16] == fixed[:16]
                     and hdr[_FH:] == kb + pad
                     and int.from_bytes(hdr[16:24], "little")
-                    == (xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
+                    == (digest if digest is not None else xxh3(iov[0]) if len(iov) == 1 else checksum(iov))
                 ):
                     reason = None
                 else:
@@ -272,6 +279,34 @@ class PageIo:
         tally.add("skipped_writes", skipped)
         tally.add("bytes_written", nbytes)
         return out, tally
+
+
+def _read_pieces(fd: int, hdr: bytearray, view: Any, size: int, spare: bytearray) -> tuple[int, int | None]:
+    """Read a page file from its start: the header into ``hdr``, the ``size``-byte payload into
+    ``view`` in pieces of :data:`PIECE` bytes, and at most one byte more into ``spare`` (a byte
+    there means trailing data). Returns ``(bytes read, xxh3_64 of the payload)``, the digest
+    ``None`` when the file ended early.
+
+    Reading then hashing a whole payload of megabytes streams it through memory twice (the
+    kernel's copy into ``view``, then the hash); hashing each piece just after its copy reads it
+    from the CPU's cache. The digest equals :data:`~hicache_file._format.xxh3_64` of the payload
+    (a streaming hash of the same bytes), so the caller's check is unchanged."""
+    readv, step = os.readv, PIECE
+    h = fmt.xxh3_stream()
+    part = view[:step]
+    nread = readv(fd, [hdr, part])
+    if nread != len(hdr) + step:
+        return nread, None
+    h.update(part)
+    for off in range(step, size, step):
+        part = view[off : off + step]
+        want = len(part)
+        got = readv(fd, [part, spare] if off + want == size else [part])
+        nread += got
+        if got < want:
+            return nread, None
+        h.update(part)
+    return nread, h.intdigest()
 
 
 def _path(d: Dir, key: str) -> str:
