@@ -12,9 +12,8 @@ import logging
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
 from functools import partial
 from typing import Any, TypeVar
 
@@ -83,7 +82,7 @@ class CacheController:
                 self.store.close()
             raise
         self._executor = ThreadPoolExecutor(self.settings.io_threads, thread_name_prefix="hicache-io")
-        self._running: set[Ownership] = set()  # operations submitted to _executor, not finished
+        self._running: set[object] = set()  # operations started (sync or queued), not finished
         self._running_changed = threading.Condition()
         self._closed = False
         _ATTACHED.setdefault(self.store, weakref.WeakSet()).add(self)
@@ -207,9 +206,12 @@ class CacheController:
         pools' host indices: all-pages sidecars (indexer, draft) default to the KV indices;
         trailing-state pools (Mamba) are written only when given, aligned with the LAST pages.
         """
-        req, plans, draft = self._prepare(page_hashes, host_indices, extra, Ownership())
-        with self._tracked(req):
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, self._sync_owner())
+        token = self._start(req)
+        try:
             return self._run_backup(req, plans, draft)
+        finally:
+            self._finish(token)
 
     def backup_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
@@ -219,9 +221,12 @@ class CacheController:
 
     def query(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> QueryResult:
         """How many leading pages can be restored: the minimum over pools under their hit policies."""
-        req = self._prepare_query(page_hashes, trailing_window, Ownership())
-        with self._tracked(req):
+        req = self._prepare_query(page_hashes, trailing_window, self._sync_owner())
+        token = self._start(req)
+        try:
             return self._run_query(req, trailing_window)
+        finally:
+            self._finish(token)
 
     def query_async(self, page_hashes: Sequence[str], *, trailing_window: int = 1) -> Future[QueryResult]:
         req = self._prepare_query(page_hashes, trailing_window, Ownership())
@@ -239,9 +244,12 @@ class CacheController:
         pages. Draft pages are read before the target pages; a draft failure never lowers
         ``result.pages``.
         """
-        req, plans, draft = self._prepare(page_hashes, host_indices, extra, Ownership(), load=True)
-        with self._tracked(req):
+        req, plans, draft = self._prepare(page_hashes, host_indices, extra, self._sync_owner(), load=True)
+        token = self._start(req)
+        try:
             return self._run_prefetch(req, plans, draft, None, None)
+        finally:
+            self._finish(token)
 
     def prefetch_async(
         self, page_hashes: Sequence[str], host_indices: IndexLike, extra: Any = None
@@ -268,39 +276,35 @@ class CacheController:
         if self._closed:
             raise ClosedError("this CacheController is closed; create a new one to move pages again")
 
-    def _start(self, owner: Ownership) -> None:
-        """Count an operation as running (``close`` waits for it, or abandons it when staged)."""
+    def _sync_owner(self) -> Ownership | None:
+        """A synchronous operation's :class:`Ownership`: only a staged store's can be abandoned."""
+        return Ownership() if self.staged else None
+
+    def _start(self, req: Request) -> object:
+        """Count an operation as running until :meth:`_finish` (``close`` waits for it, or on a
+        staged store abandons its ``Ownership``); returns the token to finish it with."""
+        token: object = req if req.owner is None else req.owner
         with self._running_changed:
             self._check_open()
-            self._running.add(owner)
+            self._running.add(token)
+        return token
 
-    def _finish(self, owner: Ownership) -> None:
+    def _finish(self, token: object) -> None:
         with self._running_changed:
-            self._running.discard(owner)
-            self._running_changed.notify_all()
-
-    @contextmanager
-    def _tracked(self, req: Request) -> Iterator[None]:
-        """A synchronous operation, running in the caller's thread, counted like a queued one."""
-        owner = req.owner
-        assert owner is not None
-        self._start(owner)
-        try:
-            yield
-        finally:
-            self._finish(owner)
+            self._running.discard(token)
+            if self._closed:  # close() may be waiting for it
+                self._running_changed.notify_all()
 
     def _submit(self, fn: Callable[[], T], req: Request) -> Future[T]:
-        owner = req.owner
-        assert owner is not None  # every operation has one, for close() to wait for or abandon
-        self._start(owner)
+        assert req.owner is not None  # every asynchronous operation has one, for close() to abandon
+        token = self._start(req)
         try:
             future = self._executor.submit(fn)
         except BaseException:
-            self._finish(owner)
+            self._finish(token)
             raise
         # Runs when fn ends and also when the future is cancelled before it started.
-        future.add_done_callback(lambda _: self._finish(owner))
+        future.add_done_callback(lambda _: self._finish(token))
         return future
 
     def _prepare(
@@ -452,7 +456,8 @@ class CacheController:
                 self._running_changed.wait_for(lambda: not self._running, timeout=timeout_s)
                 abandoned = list(self._running)
             for owner in abandoned:
-                owner.abandon()
+                if isinstance(owner, Ownership):
+                    owner.abandon()
             if abandoned:
                 log.warning(
                     "hicache: close() abandoned %d operation(s) still waiting on backend %r after %.1f s; "
