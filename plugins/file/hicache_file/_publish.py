@@ -322,11 +322,12 @@ def _check_marker(tree: DirTree, root: str, fsync: bool, layout: str) -> None:
         return
     version = info.get("format") if isinstance(info, dict) else None
     if version == fmt.FORMAT_VERSION and info.get("layout") != layout:
+        held, asked = _layout_option(info.get("layout")), _layout_option(layout)
         raise FileRootError(
-            f"file backend root {root!r} holds format-{version} pages in the layout "
-            f"{info.get('layout')!r}, but this store was opened with {layout!r}; set options.layout "
-            'to match ("files" is <namespace>/<shard>/<key>), point options.root at another '
-            "directory, or delete this one (its pages are a cache: the engine recomputes what is missing)"
+            f"file backend root {root!r} holds pages in the {held!r} layout, but this store was "
+            f"opened with layout {asked!r}; set options.layout to {held!r}, point options.root at "
+            "another directory, or delete this one (its pages are a cache: the engine recomputes "
+            "what is missing)"
         )
     if version != fmt.FORMAT_VERSION:
         raise FileRootError(
@@ -340,6 +341,11 @@ def _check_marker(tree: DirTree, root: str, fsync: bool, layout: str) -> None:
             + "; point options.root at another directory, or delete this one (its pages are a "
             "cache: the engine recomputes what is missing)"
         )
+
+
+def _layout_option(marker_layout: object) -> str:
+    """The ``options.layout`` value that opens a root whose marker names ``marker_layout``."""
+    return "files" if marker_layout == fmt.LAYOUT else str(marker_layout)
 
 
 def _write_marker(rfd: int, root: str, fsync: bool, layout: str) -> None:
