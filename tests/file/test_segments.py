@@ -226,10 +226,10 @@ def test_layout_is_fixed_per_root(tmp_path: Path) -> None:
     pool = _pool(2)
     with CacheController(config(tmp_path / "f"), pool) as ctl:
         ctl.backup(_hashes(2), range(2))
-    with pytest.raises(FileRootError, match="set options.layout to 'files'"):
+    with pytest.raises(FileRootError, match=r"set options\.layout to 'files'"):
         CacheController(_cfg(tmp_path / "f"), pool)
     CacheController(_cfg(tmp_path / "s"), pool).close()
-    with pytest.raises(FileRootError, match="set options.layout to 'segments'"):
+    with pytest.raises(FileRootError, match=r"set options\.layout to 'segments'"):
         CacheController(config(tmp_path / "s"), pool)
 
 
