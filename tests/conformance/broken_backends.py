@@ -516,8 +516,7 @@ EXAMPLES: tuple[Example, ...] = (
     _ex("broken-rules-v2-sorts-slots", _RULES + "V2SortsHostIndices", "test_batch_order_and_repetition[v2]"),
     _ex("broken-rules-v2-by-pool", _RULES + "V2ResultsByPool", "test_batch_transfers_any_order"),
     _ex("broken-rules-v2-pool-order", _RULES + "V2ResultsInPoolOrder", "test_batch_transfers_any_order"),
-    # a red team's defects, written from the guide, that passed the whole suite of that day
-    # (broken_backends_guard.py)
+    # defects only the guard tests catch (broken_backends_guard.py)
     _ex("broken-guard-v2-reverses", _GUARD + "V2ReversesComponents", "test_pools_cross_path", says="R11"),
     _ex(
         "broken-guard-set-zeroes",

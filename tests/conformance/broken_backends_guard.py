@@ -1,6 +1,7 @@
-"""Examples of the defects a red team wrote from the guide that once passed the whole suite: each
-path reading its own writes, SET writing host memory, a write after GET returned, zero pages,
-symlinks and model names that lead out of the root, and threads left behind by closed stores.
+"""Examples of defects only the guard tests catch (hicache_core/testing/_t_guard.py and two
+store tests): each path reading its own writes, SET writing host memory, a write after GET
+returned, zero pages, symlinks and model names that lead out of the root, and threads left
+behind by closed stores.
 See ``broken_backends.py`` for the registry.
 """
 
