@@ -207,3 +207,28 @@ def test_unresolvable_prefix_is_refused_not_created(
         hc.open_store(hc.StorageConfig(backend="hf3fs", options={"file_path_prefix": prefix}))
     assert says in str(info.value)
     assert list(tmp_path.iterdir()) == []  # no directory named '$VAR' or '~user' was made
+
+
+# ------------------------------------------------------------------ symlinks planted at its files
+@pytest.mark.parametrize("suffix", [".bin", ".bin.idx", ".bin.lock", ".bin.tmp.{pid}", ".bin.idx.tmp.{pid}"])
+def test_a_symlink_planted_at_a_store_file_is_never_followed(tmp_path: Path, suffix: str) -> None:
+    """The store's files are opened with ``O_NOFOLLOW``: a planted link fails the open, never
+    truncating, reading or writing the file it points at (outside the store's directory)."""
+    import os
+
+    victim = tmp_path / "outside" / "victim"
+    victim.parent.mkdir()
+    victim.write_bytes(b"precious" * 512)
+    prefix = tmp_path / "store" / "h"
+    prefix.parent.mkdir()
+    link = Path(f"{prefix}.0{suffix.format(pid=os.getpid())}")
+    link.symlink_to(victim)
+    store = open_store(config(prefix, options={"bytes_per_page": NB}))
+    try:  # the rank's file opens at its first use: refusing it is fine, touching the victim is not
+        store.batch_io_v1(IoOp.SET, [KEYS[0]], _bufs([KEYS[0]]))
+    except OSError as err:
+        assert "symbolic link" in str(err)
+    finally:
+        store.close()
+    assert victim.read_bytes() == b"precious" * 512
+    assert link.is_symlink() or not link.exists()

@@ -107,7 +107,7 @@ def create_data_file(path: Path, capacity: int, num_slots: int, fallocate: bool)
     """Create ``path`` atomically (temporary file, then rename) with a new file id."""
     geo = Geometry(capacity, slot_stride(capacity), num_slots, uuid.uuid4().bytes)
     tmp = Path(f"{path}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
         sb = _SB.pack(_SB_MAGIC, 1, HEADER_SIZE, geo.capacity, geo.stride, geo.num_slots, geo.file_id)
         os.pwrite(fd, sb + struct.pack("<I", crc(sb)), 0)

@@ -104,7 +104,7 @@ class SlotFile:
         self.fsync = fsync
         self._lock = threading.RLock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         self._fd = self._log_fd = -1
         self.integrity_errors = 0
         """Pages of this file found corrupt by this process: slots failing their checks (released
@@ -115,7 +115,7 @@ class SlotFile:
                     if not create or capacity is None or num_slots is None:
                         raise FileNotFoundError(str(self.path))
                     create_data_file(self.path, capacity, num_slots, fallocate)
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
                 self.geometry = read_superblock(self._fd, self.path)
                 self._seed = ilog.seed(self.geometry.file_id)
                 self._open_log(repair=True)
@@ -308,7 +308,7 @@ class SlotFile:
         self._reset_index()
         header = ilog.header(self.geometry.file_id)
         try:
-            fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC)
+            fd = os.open(self.log_path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:
             fd = -1
         if fd >= 0 and os.pread(fd, len(header), 0) == header:
@@ -351,7 +351,7 @@ class SlotFile:
 
     def _write_log(self, content: bytes) -> int:
         tmp = Path(f"{self.log_path}.tmp.{os.getpid()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             view = memoryview(content)
             while view:
