@@ -222,3 +222,25 @@ def test_dtype_and_layout_namespaces_differ(tmp_path: Path) -> None:
         assert b.batch_exists(keys) == 0
         b.close()
     a.close()
+
+
+def test_a_uint8_kv_pool_needs_the_kv_dtype_named(tmp_path: Path) -> None:
+    """SGLang stores fp8_e4m3 and fp8_e5m2 KV alike as uint8: the pool's dtype cannot tell them apart.
+
+    Without ``hicache_kv_dtype`` the adapter refuses the pool (naming the key); with it, the two
+    formats get separate namespaces, so an e5m2 server never reads an e4m3 server's pages.
+    """
+    extra = {**ADAPTER_LOADER, "hicache_backend": "file", "hicache_options": {"root": str(tmp_path)}}
+    with pytest.raises(ConfigError, match="hicache_kv_dtype"):
+        create(extra, MHAHost(4, 4, 1, 1, 4, dtype=torch.uint8), model="same")
+    keys = page_hashes(list(range(8)), 4)
+    e4m3 = create(
+        {**extra, "hicache_kv_dtype": "fp8_e4m3"}, MHAHost(4, 4, 1, 1, 4, dtype=torch.uint8), model="same"
+    )
+    assert all(e4m3.batch_set_v1(keys, _idx([0, 1], 4)))
+    e5m2 = create(
+        {**extra, "hicache_kv_dtype": "fp8_e5m2"}, MHAHost(4, 4, 1, 1, 4, dtype=torch.uint8), model="same"
+    )
+    assert e5m2.batch_exists(keys) == 0
+    e4m3.close()
+    e5m2.close()

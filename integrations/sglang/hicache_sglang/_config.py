@@ -10,7 +10,9 @@ dynamic loader and the backend. hicache reads only these keys from it:
 ``hicache_extensions`` (optional, a list or a comma-separated string)
     hicache extensions to enable (``"metrics"`` is added when SGLang enables storage metrics).
 ``hicache_kv_dtype`` (optional, a string)
-    The KV dtype that namespaces the keys; by default the KV host pool's ``dtype``.
+    The KV dtype that namespaces the keys; by default the KV host pool's ``dtype``. Required
+    when that dtype is ``uint8`` (SGLang's storage of every fp8/fp4 format): set it to SGLang's
+    ``--kv-cache-dtype``, so ``fp8_e4m3`` and ``fp8_e5m2`` servers never share keys.
 ``hicache_model_revision`` (optional, a string)
     The model's weights revision or fingerprint (e.g. the ``--revision`` SGLang was started with,
     or a commit hash of the checkpoint); when set it separates the key namespace, so two

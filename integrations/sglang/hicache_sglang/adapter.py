@@ -46,6 +46,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 from sglang.srt.mem_cache.hicache_storage import PoolName as SGLangPoolName
 
 from hicache_core import (
+    ConfigError,
     DraftIoMode,
     HiCacheError,
     IoOp,
@@ -76,6 +77,23 @@ _NOT_OPEN = (
 def _leading(flags: Sequence[bool]) -> int:
     """Length of the leading run of ``True`` (the stored prefix: page hashes chain)."""
     return flags.index(False) if False in flags else len(flags)
+
+
+def _pool_kv_dtype(kv_pool: Any) -> str:
+    """The KV host pool's dtype as the namespace's KV dtype; ``uint8`` is refused as ambiguous.
+
+    SGLang stores every fp8 (and fp4) KV format as ``uint8`` bytes, so ``fp8_e4m3`` and
+    ``fp8_e5m2`` servers would share keys and read each other's pages as their own format.
+    """
+    name = dtype_name(getattr(kv_pool, "dtype", "bfloat16"))
+    if name == "uint8":
+        raise ConfigError(
+            "hicache-sglang: the KV host pool holds uint8 bytes, which SGLang uses for every fp8/fp4 "
+            "KV cache format, so its dtype cannot name the key namespace; set 'hicache_kv_dtype' in "
+            "--hicache-storage-backend-extra-config to SGLang's --kv-cache-dtype "
+            '(e.g. "hicache_kv_dtype": "fp8_e4m3")'
+        )
+    return name
 
 
 class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
@@ -119,9 +137,7 @@ class HiCacheAdapter(HiCacheStorage):  # type: ignore[misc]
 
     def _open(self, kv_pool: Any) -> None:
         layout = str(getattr(kv_pool, "layout", None) or "page_first")
-        kv_dtype = config_kv_dtype(self.storage_config, self.settings) or dtype_name(
-            getattr(kv_pool, "dtype", "bfloat16")
-        )
+        kv_dtype = config_kv_dtype(self.storage_config, self.settings) or _pool_kv_dtype(kv_pool)
         config = self._config_for(layout, kv_dtype)
         store = open_store(config)
         io_path = select_io_path(store.capabilities, config.layout)
