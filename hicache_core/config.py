@@ -238,7 +238,8 @@ class StorageConfig(_Checked):
         if self.disaggregation_mode == "decode" and self.mamba_scheduler_strategy == "extra_buffer":
             log.warning(
                 "hicache: disaggregation_mode='decode' uses the chunk cache, so "
-                "mamba_scheduler_strategy 'extra_buffer' is changed to 'no_buffer'"
+                "mamba_scheduler_strategy 'extra_buffer' is changed to 'no_buffer' (size the Mamba pool "
+                "with extra_buffer=True: MambaPool.for_node / sizing.decode_mamba_pool_size)"
             )
             object.__setattr__(self, "mamba_scheduler_strategy", "no_buffer")
         return self

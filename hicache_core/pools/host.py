@@ -501,7 +501,9 @@ class MambaPool(HostPool):
         On a PD decode node (``config.disaggregation_mode == "decode"``) the slot count comes from
         :func:`hicache_core.sizing.decode_mamba_pool_size` (``num_slots`` is the configured size,
         raised with a warning when too small; ``None`` means "exactly what is needed").
-        ``extra_buffer`` is the scheduler's strategy *before* the decode normalisation. Elsewhere
+        ``extra_buffer`` is the scheduler's strategy *before* the decode normalisation: the
+        config then holds ``no_buffer``, so pass what the operator asked for, not
+        ``config.mamba_scheduler_strategy == "extra_buffer"``. Elsewhere
         ``num_slots`` is required and used as is.
         """
         from ..config import StorageConfig

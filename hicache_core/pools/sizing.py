@@ -63,7 +63,9 @@ def standalone_required_bytes(pools: Any) -> int:
     DSA indexer, draft KV), each byte counted once: buffers that are views of one another (SGLang's
     ``k_buffer``/``v_buffer`` inside ``kv_buffer``, a pool shared by two names) overlap. ``pools`` is a
     :class:`~hicache_core.HostPoolGroup`, a mapping ``name -> pool`` (which must hold ``"kv"``),
-    or a single pool. Planned (unallocated) pools count their planned size. A missing pool, or
+    or a single pool. Planned (unallocated) pools count their planned size: the region
+    ``allocate()`` will take, each component rounded up to 64 bytes (the design's 128 + 64 + 32
+    example gives 224 allocated, 256 planned), since that region is what the mapping must hold. A missing pool, or
     one without buffers, raises :class:`~hicache_core.PoolError`; a buffer that is not a tensor
     raises :class:`~hicache_core.ArgumentTypeError` naming the pool.
     """
