@@ -12,7 +12,7 @@ import pytest
 import torch
 from file_helpers import config, fill, pages, zero
 from hicache_file._format import header_size
-from hicache_file._page_io import PIECE
+from hicache_file._page_io import PIECE, SPLIT
 
 from hicache_core import CacheController, IoOp, MHAKVPool, open_store, page_hashes
 
@@ -65,8 +65,10 @@ DAMAGE = {
 }
 
 
-# a payload read in pieces (_page_io.PIECE each, checksummed one by one): the last piece short
+# a payload read header first, then in pieces (_page_io.PIECE each, checksummed one by one): the
+# last piece short; and one of SPLIT bytes, header first then one piece
 BIG = 3 * PIECE + 4160
+assert N < SPLIT <= PIECE < BIG
 DAMAGE_BIG = {
     **DAMAGE,
     "bit flip in the first piece": _flip(header_size(len(KEY)) + 5),
@@ -76,11 +78,12 @@ DAMAGE_BIG = {
 }
 
 
-@pytest.mark.parametrize(("n", "kind"), [(N, k) for k in DAMAGE] + [(BIG, k) for k in DAMAGE_BIG])
+@pytest.mark.parametrize(
+    ("n", "kind"), [(n, k) for n in (N, SPLIT) for k in DAMAGE] + [(BIG, k) for k in DAMAGE_BIG]
+)
 def test_damaged_page_is_a_counted_miss_and_removed(
     tmp_path: Path, n: int, kind: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert (n > PIECE) == (n == BIG)  # the big size takes the piecewise read
     data = torch.randint(0, 256, (n,), dtype=torch.uint8)
     with open_store(config(tmp_path)) as store:
         backend = store.backend
@@ -153,22 +156,57 @@ def test_corrupt_page_cuts_the_prefetched_prefix(tmp_path: Path) -> None:
         assert ctl.prefetch(hashes, range(8)).pages == 8
 
 
-@pytest.mark.parametrize("extra", [-1, 0, 1, PIECE - 1, PIECE, PIECE + 1, 15 * PIECE + 3])
+@pytest.mark.parametrize(
+    "n", [SPLIT - 1, SPLIT, SPLIT + 1, PIECE - 1, PIECE, PIECE + 1, 2 * PIECE, 15 * PIECE + 3]
+)
 def test_piecewise_read_gives_the_stored_bytes_and_checksum(
-    tmp_path: Path, extra: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Payloads around the piece size: read piece by piece (their streamed xxh3_64 checked against
-    the one-shot digest stored at write time) and in one ``readv`` they give the same bytes; so the
-    piecewise read verifies exactly what the format stores, and pages written before it still read."""
+    """Payloads around the split and piece sizes: read header first then piece by piece (their
+    streamed xxh3_64 checked against the one-shot digest stored at write time), header first then
+    in one piece, and in one ``readv`` with the header, they give the same bytes; so every read
+    shape verifies exactly what the format stores, and pages written before it still read."""
     import hicache_file._page_io as page_io
 
-    n = PIECE + extra
     data = torch.randint(0, 256, (n,), dtype=torch.uint8)
     with open_store(config(tmp_path)) as store:
         assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
-        for piece in (PIECE, 1 << 62):  # piecewise (when n > PIECE), then one readv
+        for split, piece in ((SPLIT, PIECE), (SPLIT, 1 << 62), (1 << 62, PIECE)):
+            monkeypatch.setattr(page_io, "SPLIT", split)
             monkeypatch.setattr(page_io, "PIECE", piece)
             out = torch.zeros(n, dtype=torch.uint8)
             assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True]
             assert torch.equal(out, data)
         assert store.backend.stats.integrity_errors == 0
+
+
+@pytest.mark.parametrize("n", [SPLIT - 1, SPLIT, 3 * PIECE + 5])
+def test_a_large_payload_is_read_header_first(
+    tmp_path: Path, n: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From SPLIT bytes up, the first read of a page file asks for its header alone: what the first
+    read of an uncached file asks for shapes the kernel's readahead (large folios, asynchronous;
+    see ``hicache_file._page_io``), worth 20-50 % on the next read of the page. Then the payload
+    in pieces of at most PIECE bytes and one spare byte; below SPLIT, one ``readv`` of it all."""
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    hsize = header_size(len(KEY))
+    calls: list[list[int]] = []
+    real = os.readv
+
+    def readv(fd: int, bufs: list[memoryview | bytearray]) -> int:
+        calls.append([len(memoryview(b).cast("B")) for b in bufs])
+        return real(fd, bufs)
+
+    with open_store(config(tmp_path)) as store:
+        assert store.batch_io_v1(IoOp.SET, [KEY], [data]) == [True]
+        out = torch.zeros(n, dtype=torch.uint8)
+        monkeypatch.setattr(os, "readv", readv)
+        assert store.batch_io_v1(IoOp.GET, [KEY], [out]) == [True]
+        monkeypatch.undo()
+        assert torch.equal(out, data)
+    if n < SPLIT:
+        assert calls == [[hsize, n, 1]]
+    else:
+        assert calls[0] == [hsize]
+        assert sum(map(sum, calls[1:])) == n + 1 and calls[-1][-1] == 1
+        assert all(c[0] <= PIECE for c in calls[1:])

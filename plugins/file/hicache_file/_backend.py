@@ -11,10 +11,12 @@ appended to segment files with per-writer index logs (every batch goes to
   sees the old state (absent) or the whole page, never a torn one. A failing key (ENOSPC,
   EIO, permissions) is ``False`` for that key only, leaves no temp file and is logged once
   per batch. Keys already present are skipped and reported ``True``.
-* ``get`` reads header + payload with one ``readv`` straight into the host pool and verifies
-  magic, format, key, length and the xxh3_64 checksum. A corrupt, truncated or misplaced file
-  is a miss (``False``), counted in :attr:`FileBackend.stats` ``.integrity_errors``, logged,
-  and deleted so the next backup rewrites it. A valid page of another size is a plain miss.
+* ``get`` reads header and payload straight into the host pool (one ``readv``; from 128 KiB,
+  the header alone first, then the payload in pieces, see :mod:`hicache_file._page_io`) and
+  verifies magic, format, key, length and the xxh3_64 checksum. A corrupt, truncated or
+  misplaced file is a miss (``False``), counted in :attr:`FileBackend.stats`
+  ``.integrity_errors``, logged, and deleted so the next backup rewrites it. A valid page of
+  another size is a plain miss.
 * ``exists`` is one ``faccessat(2)`` per key, by name in its shard directory: no directory
   scan, ever.
 * Nothing below the root is reached through a symlink: every directory and page is opened,

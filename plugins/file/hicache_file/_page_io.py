@@ -32,9 +32,22 @@ log = logging.getLogger("hicache.file")
 # O_NONBLOCK: a FIFO planted at a page's name must not block a reader (no effect on files)
 _RFLAGS = os.O_RDONLY | O_NOFOLLOW | O_CLOEXEC | getattr(os, "O_NONBLOCK", 0)
 _FH = fmt.FIXED_HEADER
-PIECE = 128 << 10
-"""A payload larger than this is read ``PIECE`` bytes per ``readv``, each piece checksummed right
-after its read, while it is still in the CPU's cache (:func:`_read_pieces`)."""
+SPLIT = 128 << 10
+"""A payload of at least this many bytes (in one buffer) is read header first, alone, then in
+pieces (:func:`_read_pieces`); smaller ones, and ``layer_first`` pages, with one ``readv``."""
+PIECE = 256 << 10
+"""The piece size of :func:`_read_pieces`: each piece is checksummed right after its read,
+while it is still in the CPU's cache."""
+
+# Why the header alone first: the first read of a file that is not cached sets the kernel's
+# readahead for it. A first read of the whole file is one synchronous readahead into single
+# 4 KiB folios, and every later read of the page then pays per 4 KiB folio (page-cache lookup,
+# and moving it to the active LRU list on its second use); a one-page first read starts the
+# readahead small, and the kernel grows it asynchronously, in ever larger folios, while the
+# payload is copied and checked (a 1 MiB file: 18 folios instead of 257; 128 KiB: 11 instead of
+# 33). The extra read costs on every read (about 5 % of a cached 128 KiB payload's time) and,
+# from disk, a second wait; below SPLIT that costs more than the folios bring. Measured in
+# benchmarks/README.md ("Twelfth session, 2026-11-26: the files layout's warm read").
 
 
 class PageIo:
@@ -93,10 +106,10 @@ class PageIo:
         hits = misses = nbytes = 0
         checksum, xxh3 = fmt.checksum, fmt.xxh3_64
         parts = fmt.header_parts
-        piece = PIECE
+        split = SPLIT
         spare = bytearray(1)  # a byte read into it means trailing garbage
         track = self.index is not None
-        osopen, rflags = os.open, _RFLAGS
+        osopen, rflags, readv = os.open, _RFLAGS, os.readv
         checked: dict[Dir, int] = {}
         for j in range(lo, hi):
             key, dfd, iov, size = keys[j], fds[j], iovs[j], sizes[j]
@@ -128,10 +141,13 @@ class PageIo:
             reason: str | None = "?"
             try:
                 hdr = bytearray(hsize)
-                if size > piece and len(iov) == 1:
-                    nread, digest = _read_pieces(fd, hdr, iov[0], size, spare)
+                if size >= split and len(iov) == 1:
+                    nread, digest = readv(fd, [hdr]), None  # the header alone first (see SPLIT)
+                    if nread == hsize and hdr[:16] == fixed[:16] and hdr[_FH:] == kb + pad:
+                        got, digest = _read_pieces(fd, iov[0], size, spare)
+                        nread += got
                 else:
-                    nread, digest = os.readv(fd, [hdr, *iov, spare]), None
+                    nread, digest = readv(fd, [hdr, *iov, spare]), None
                 if (
                     nread == hsize + size
                     and hdr[:16] == fixed[:16]
@@ -281,24 +297,23 @@ class PageIo:
         return out, tally
 
 
-def _read_pieces(fd: int, hdr: bytearray, view: Any, size: int, spare: bytearray) -> tuple[int, int | None]:
-    """Read a page file from its start: the header into ``hdr``, the ``size``-byte payload into
-    ``view`` in pieces of :data:`PIECE` bytes, and at most one byte more into ``spare`` (a byte
-    there means trailing data). Returns ``(bytes read, xxh3_64 of the payload)``, the digest
-    ``None`` when the file ended early.
+def _read_pieces(fd: int, view: Any, size: int, spare: bytearray) -> tuple[int, int | None]:
+    """Read a ``size``-byte payload from ``fd``'s position into ``view`` in pieces of
+    :data:`PIECE` bytes, and at most one byte more into ``spare`` (a byte there means trailing
+    data). Returns ``(bytes read, xxh3_64 of the payload)``, the digest ``None`` when the file
+    ended early.
 
     Reading then hashing a whole payload of megabytes streams it through memory twice (the
     kernel's copy into ``view``, then the hash); hashing each piece just after its copy reads it
     from the CPU's cache. The digest equals :data:`~hicache_file._format.xxh3_64` of the payload
     (a streaming hash of the same bytes), so the caller's check is unchanged."""
     readv, step = os.readv, PIECE
+    if size <= step:  # one piece: the one-shot hash, no streaming state
+        nread = readv(fd, [view, spare])
+        return nread, (fmt.xxh3_64(view) if nread == size else None)
     h = fmt.xxh3_stream()
-    part = view[:step]
-    nread = readv(fd, [hdr, part])
-    if nread != len(hdr) + step:
-        return nread, None
-    h.update(part)
-    for off in range(step, size, step):
+    nread = 0
+    for off in range(0, size, step):
         part = view[off : off + step]
         want = len(part)
         got = readv(fd, [part, spare] if off + want == size else [part])
