@@ -74,6 +74,7 @@ def runs(
     out["b2_async"] = b2_async.result()
     out["b"], out["other_model"], out["baseline"] = b.result(), other.result(), baseline.result()
     out["tp2"] = tp2.result()
+    out["store"] = store
     return out
 
 
@@ -101,6 +102,11 @@ def test_second_process_loads_the_first_ones_pages(runs: dict[str, Any]) -> None
     metrics = b["stats"]["metrics"]["pools"]["kv"]
     assert metrics["pages_read"] == 12 and metrics["bytes_read"] == moved["load_bytes"] > 0
     assert a["stats"]["transfers"]["save_pages"] == 12
+    # the keys name the layout of the workers' pool over vLLM's CPU cache, and B's scheduler
+    # (told it by the workers' handshake) asked about those keys: it found and loaded them
+    store: Path = runs["store"]
+    pages = [p.relative_to(store) for p in store.rglob("*.kv.kv.tp*") if p.is_file()]
+    assert pages and all("-layer_first-" in str(p) for p in pages)
 
 
 def test_corrupt_and_missing_pages_are_recomputed(runs: dict[str, Any]) -> None:

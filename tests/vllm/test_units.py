@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from hicache_vllm import PageFormat, parse_extra_config
-from hicache_vllm._config import storage_config
+from hicache_vllm._config import ENGINE_FIELDS, storage_config
 from hicache_vllm._scheduler import SchedulerSide
 
 from hicache_core import ComponentSpec, ConfigError, HostPool, PoolName, open_store, page_hashes
@@ -147,3 +148,68 @@ def test_async_load_is_sent_with_the_next_step_unscheduled(tmp_path: Path) -> No
     # every prompt page from the last lookup's start is offered for saving (stored ones skipped)
     assert not ops.loads and not ops.async_loads and [op.hashes for op in ops.saves] == [hashes[:10]]
     side.close()
+
+
+@pytest.fixture
+def no_hicache_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in list(os.environ):
+        if name.startswith("HICACHE_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_environment_layer_between_file_and_extra_config(
+    tmp_path: Path, no_hicache_env: pytest.MonkeyPatch
+) -> None:
+    """file < HICACHE_* < extra config, options and controller settings merged one by one, as
+    hicache_core.load_config merges them; HICACHE_CONFIG names the file when the extra config
+    does not."""
+    env = no_hicache_env
+    path = tmp_path / "hicache.toml"
+    path.write_text('backend = "file"\nbatch_pages = 8\nio_threads = 3\n[options]\nroot = "/f"\n')
+    env.setenv("HICACHE_CONFIG", str(path))
+    env.setenv("HICACHE_BATCH_PAGES", "16")
+    env.setenv("HICACHE_OPTIONS", '{"root": "/e", "fsync": true}')
+    cfg = storage_config(parse_extra_config({}), PAGE, tp_rank=0, pp_rank=0)
+    assert cfg.options == {"root": "/e", "fsync": True}
+    assert cfg.controller.batch_pages == 16 and cfg.controller.io_threads == 3
+    extra = {"options": {"root": "/x"}, "batch_pages": 32}
+    cfg = storage_config(parse_extra_config(extra), PAGE, tp_rank=0, pp_rank=0)
+    assert cfg.options == {"root": "/x", "fsync": True} and cfg.controller.batch_pages == 32
+    env.delenv("HICACHE_CONFIG")
+    env.setenv("HICACHE_BACKEND", "file")  # names the backend: no file, no extra "backend"
+    env.setenv("HICACHE_ENABLE_STORAGE_METRICS", "false")
+    cfg = storage_config(parse_extra_config({}), PAGE, tp_rank=0, pp_rank=0)
+    assert cfg.options == {"root": "/e", "fsync": True} and cfg.controller.io_threads == 2
+    assert "metrics" not in cfg.extensions  # the operator's "off" wins over the connector's default
+
+
+def test_environment_typos_and_engine_fields_are_refused(no_hicache_env: pytest.MonkeyPatch) -> None:
+    env = no_hicache_env
+    env.setenv("HICACHE_BACTH_PAGES", "16")
+    with pytest.raises(ConfigError, match="did you mean HICACHE_BATCH_PAGES"):
+        parse_extra_config({"backend": "file"})
+    env.delenv("HICACHE_BACTH_PAGES")
+    env.setenv("HICACHE_MODEL_NAME", "mine")  # the connector's: the same answer as in the extra config
+    with pytest.raises(ConfigError, match=r"HICACHE_MODEL_NAME.*from vLLM's own config.*unset"):
+        parse_extra_config({"backend": "file"})
+
+
+@pytest.mark.parametrize(
+    "key, value", [("disaggregation_mode", "decode"), ("mamba_scheduler_strategy", "extra_buffer")]
+)
+def test_sglang_fields_are_refused_as_what_they_are(key: str, value: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=f"'{key}'.*SGLang settings") as err:
+        parse_extra_config({"backend": "file", key: value})
+    assert "from vLLM's own config" not in str(err.value)
+    path = tmp_path / "hicache.toml"
+    path.write_text(f'backend = "file"\n{key} = "{value}"\n')
+    with pytest.raises(ConfigError, match=f"'{key}'.*SGLang settings.*remove them from the file"):
+        parse_extra_config({"config": str(path)})
+
+
+def test_readme_lists_every_refused_key() -> None:
+    readme = (Path(__file__).parents[2] / "integrations" / "vllm" / "README.md").read_text()
+    for name in sorted(ENGINE_FIELDS):
+        group = name.rsplit("_", 1)[0] + "_*"  # tp_rank, tp_size: `tp_*`
+        assert f"`{name}`" in readme or f"`{group}`" in readme, name

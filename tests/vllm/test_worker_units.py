@@ -4,6 +4,7 @@ failed asynchronous loads reported with their good pages, and aborted ones cance
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from hicache_vllm._config import storage_config
 from hicache_vllm._scheduler import PageOp
 from hicache_vllm._worker import WorkerSide
 
-from hicache_core import page_hashes
+from hicache_core import ConfigError, Layout, StorageConfig, Store, open_store, page_hashes
 
 L, B, H, N, D = 2, 8, 2, 4, 16  # vLLM CPU layout: (blocks, kv_heads, block_size, 2 * head_dim)
 
@@ -187,3 +188,70 @@ def test_async_load_of_an_aborted_request_is_cancelled_or_awaited(tmp_path: Path
     # an empty store: every page of "first" failed; "aborted" never ran (no blocks 4-7 touched)
     assert r.failed_requests() == {"first": 0} and r.stats.load_failed_pages == 4
     r.close()
+
+
+def test_config_layout_is_the_pools_and_names_the_keys(tmp_path: Path) -> None:
+    """vLLM's CPU LBHNC cache is a layer_first pool: the worker's config (and so its key
+    namespace) says layer_first, and the handshake reports it to the scheduler."""
+    _, kv = _kv()
+    w = _worker(tmp_path)
+    w.register(kv)
+    assert w.pool is not None and w.store is not None
+    assert w.pool.layout is Layout.LAYER_FIRST and w.layout is Layout.LAYER_FIRST
+    assert w.config.layout is Layout.LAYER_FIRST and w.store.config.layout is Layout.LAYER_FIRST
+    assert "-layer_first-" in w.store.keys.scheme.namespace
+    w.save([PageOp("r", HASHES[:1], [1])])
+    (page,) = [p for p in tmp_path.rglob(f"*{HASHES[0]}*") if p.is_file()]
+    assert "-layer_first-" in str(page.relative_to(tmp_path))
+    w.close()
+    # blocks outermost across layers (one contiguous run per page): a page_first pool
+    blocks = torch.randn(B, L, H, N, 2 * D).to(torch.bfloat16)
+    w = _worker(tmp_path)
+    w.register({f"model.layers.{i}.self_attn.attn": blocks[:, i] for i in range(L)})
+    assert w.layout is Layout.PAGE_FIRST and w.config.layout is Layout.PAGE_FIRST
+    assert w.store is not None and "-page_first-" in w.store.keys.scheme.namespace
+    w.close()
+
+
+def test_io_timeout_on_a_v2_only_backend_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As CacheController refuses it: an abandoned v2 call could write vLLM's blocks later."""
+    import hicache_vllm._worker as worker_mod
+
+    def v2_only(config: StorageConfig) -> Store:
+        store = open_store(config)
+        store.capabilities = dataclasses.replace(store.capabilities, v1=False, v2=True)
+        return store
+
+    monkeypatch.setattr(worker_mod, "open_store", v2_only)
+    settings = parse_extra_config({"backend": "file", "options": {"root": str(tmp_path)}, "io_timeout_s": 5})
+    page = PageFormat("tiny", None, "bfloat16", "cpu", "LBHNC", N, L, False, 1, 1)
+    w = WorkerSide(storage_config(settings, page, tp_rank=0, pp_rank=0), N, async_save=False)
+    with pytest.raises(ConfigError, match=r"implements only v2.*io_timeout_s"):
+        w.register(_kv()[1])
+    assert w.store is None and w.path is None
+    w.close()
+
+
+def test_mla_pages_are_one_shared_key_that_rank_0_writes(tmp_path: Path) -> None:
+    """MLA's latent KV is the same on every tensor-parallel rank: one key per page, written by
+    rank 0, read by every rank (design: MLA KV is rank-replicated)."""
+    settings = parse_extra_config({"backend": "file", "options": {"root": str(tmp_path)}})
+    page = PageFormat("tiny-mla", None, "bfloat16", "cpu", "LBHNC", N, L, True, 2, 1)
+    bufs, workers = [], []
+    for rank in (0, 1):
+        buf = torch.randn(L, B, N, D).to(torch.bfloat16)  # MLA on CPU: (blocks, block_size, latent)
+        w = WorkerSide(storage_config(settings, page, tp_rank=rank, pp_rank=0), N, async_save=False)
+        w.register({f"model.layers.{i}.self_attn.attn": buf[i] for i in range(L)})
+        assert w.pool is not None and w.pool.rank_replicated
+        bufs.append(buf)
+        workers.append(w)
+    workers[1].save([PageOp("r", HASHES, [1, 2, 3, 4])])  # not rank 1's to write
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and HASHES[0] in p.name]
+    workers[0].save([PageOp("r", HASHES, [1, 2, 3, 4])])
+    files = [p for p in tmp_path.rglob("*") if p.is_file() and any(h in p.name for h in HASHES)]
+    assert len(files) == 4 and all(".kv.kv.all." in p.name for p in files)
+    workers[1].load([PageOp("r", HASHES, [5, 6, 7, 0])])
+    assert not workers[1].load_errors()
+    assert torch.equal(bufs[1][:, [5, 6, 7, 0]], bufs[0][:, 1:5])
+    for w in workers:
+        w.close()

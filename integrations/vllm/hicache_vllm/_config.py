@@ -17,10 +17,17 @@ false) moves loads to a background thread: the scheduler answers ``(tokens, True
 waits outside the batch until the worker reports its load done (``get_finished``), and failed
 pages are reported through ``get_block_ids_with_load_errors`` and recomputed.
 
+The sources merge as everywhere in hicache (``hicache_core.load_config``), lowest precedence
+first: the config file (``config``, else ``$HICACHE_CONFIG``), then the ``HICACHE_<FIELD>``
+environment variables (``HICACHE_BACKEND``, ``HICACHE_OPTIONS``, ``HICACHE_BATCH_PAGES``...; an
+unknown ``HICACHE_*`` name is an error with a "did you mean"), then the extra config.
+
 The fields that decide which pages may be shared are set by the connector from vLLM's config and
-are refused in the extra config: ``model_name`` (the served model plus the page byte format),
-``kv_dtype``, ``tp_*``/``pp_*``/``attn_cp_*``, ``layout``, ``is_mla_model`` and
-``should_split_heads``. ``model_revision`` defaults to vLLM's ``--revision``.
+are refused in every source (extra config, file, environment): ``model_name`` (the served model
+plus the page byte format), ``kv_dtype``, ``tp_*``/``pp_*``/``attn_cp_*``, ``layout``,
+``is_mla_model`` and ``should_split_heads``. SGLang's ``disaggregation_mode`` and
+``mamba_scheduler_strategy`` have no meaning in vLLM and are refused too. ``model_revision``
+defaults to vLLM's ``--revision``.
 
 Every key is checked when the connector is built: an unknown key, a wrong type or an invalid
 value raises :class:`hicache_core.ConfigError` naming the key.
@@ -34,13 +41,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hicache_core import ConfigError, ControllerSettings, StorageConfig
-from hicache_core.config import merge_config_layers, read_config_file, redact_secrets
+from hicache_core import ConfigError, ControllerSettings, Layout, StorageConfig
+from hicache_core.config import ENV_PREFIX, merge_config_layers, read_config_file, redact_secrets
 
 __all__ = [
     "CONNECTOR_KEYS",
+    "DERIVED_FIELDS",
     "ENGINE_FIELDS",
     "EXTRA_KEYS",
+    "SGLANG_FIELDS",
     "ConnectorSettings",
     "PageFormat",
     "parse_extra_config",
@@ -48,7 +57,7 @@ __all__ = [
 ]
 
 # StorageConfig fields the connector derives from vLLM (never from the operator).
-ENGINE_FIELDS = frozenset(
+DERIVED_FIELDS = frozenset(
     {
         "model_name",
         "kv_dtype",
@@ -61,10 +70,11 @@ ENGINE_FIELDS = frozenset(
         "layout",
         "is_mla_model",
         "should_split_heads",
-        "disaggregation_mode",
-        "mamba_scheduler_strategy",
     }
 )
+# SGLang settings (PD disaggregation, Mamba scheduling) that mean nothing to vLLM.
+SGLANG_FIELDS = frozenset({"disaggregation_mode", "mamba_scheduler_strategy"})
+ENGINE_FIELDS = DERIVED_FIELDS | SGLANG_FIELDS
 _OPERATOR_FIELDS = frozenset(StorageConfig.model_fields) - ENGINE_FIELDS
 _CONTROLLER_FIELDS = frozenset(ControllerSettings.model_fields)
 CONNECTOR_KEYS = frozenset({"config", "async_save", "async_load"})
@@ -104,6 +114,13 @@ class PageFormat:
     is_mla: bool
     tp_size: int
     pp_size: int
+    cp_sharded: bool = False  # context parallelism spreads a block's tokens over the ranks
+
+    @property
+    def rank_replicated(self) -> bool:
+        """MLA's latent KV is the same on every tensor-parallel rank (one key per page, which
+        rank 0 writes), unless context parallelism gives each rank other tokens of the block."""
+        return self.is_mla and not self.cp_sharded
 
     def model_name(self) -> str:
         """``{model}@vllm:{device}:{layout}:bs{block}:L{layers}``: pages of another engine, layout,
@@ -114,14 +131,34 @@ class PageFormat:
         )
 
 
-def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
-    """Validate vLLM's ``kv_connector_extra_config`` (see the module docstring)."""
+def _refused(fields: list[str], where: str, fix: str) -> ConfigError:
+    """The error for engine fields given by the operator: what sets each one instead."""
+    derived = [f for f in fields if f in DERIVED_FIELDS]
+    sglang = [f for f in fields if f in SGLANG_FIELDS]
+    what = []
+    if derived:
+        what.append(
+            f"{derived} are set by the connector from vLLM's own config (served model, KV dtype, "
+            "parallel ranks, KV layout)"
+        )
+    if sglang:
+        what.append(f"{sglang} are SGLang settings that the vLLM connector does not use")
+    return ConfigError(f"hicache-vllm: {where}: {'; '.join(what)}; {fix}")
+
+
+def parse_extra_config(
+    extra: Mapping[str, Any] | None, environ: Mapping[str, str] | None = None
+) -> ConnectorSettings:
+    """Validate vLLM's ``kv_connector_extra_config`` merged over the config file and the
+    ``HICACHE_*`` variables of ``environ`` (default ``os.environ``); see the module docstring."""
     if extra is None:
         extra = {}
     if not isinstance(extra, Mapping):
         raise ConfigError(
             f"hicache-vllm: kv_connector_extra_config must be a JSON object, got {type(extra).__name__}"
         )
+    if environ is None:
+        environ = os.environ
     for key in extra:
         if not isinstance(key, str):
             raise ConfigError(
@@ -129,10 +166,10 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
             )
     engine = sorted(k for k in extra if k in ENGINE_FIELDS)
     if engine:
-        raise ConfigError(
-            f"hicache-vllm: kv_connector_extra_config key(s) {engine} are set by the connector from "
-            "vLLM's own config (served model, KV dtype, parallel ranks, KV layout); remove them "
-            "(use 'model_revision' to separate two checkpoints served under one name)"
+        raise _refused(
+            engine,
+            "kv_connector_extra_config",
+            "remove them (use 'model_revision' to separate two checkpoints served under one name)",
         )
     unknown = sorted(k for k in extra if k not in EXTRA_KEYS)
     if unknown:
@@ -144,9 +181,21 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
             f"hicache-vllm: unknown kv_connector_extra_config key(s) {', '.join(hints)}; the connector "
             f"reads {sorted(EXTRA_KEYS)}"
         )
+    engine_vars = sorted(ENV_PREFIX + f.upper() for f in ENGINE_FIELDS if ENV_PREFIX + f.upper() in environ)
+    if engine_vars:
+        raise _refused(
+            sorted(v[len(ENV_PREFIX) :].lower() for v in engine_vars),
+            f"the environment sets {engine_vars}",
+            "unset them for vLLM",
+        )
+    # The HICACHE_* layer, field by field as hicache_core.load_config reads it (an unknown name is
+    # a ConfigError with a "did you mean"); only the variables given, not the defaults.
+    env_layer = StorageConfig.from_env(environ).model_dump(exclude_unset=True)
     data: dict[str, Any] = {}
     given: dict[str, Any] = {}
     path = extra.get("config")
+    if path is None and environ.get(ENV_PREFIX + "CONFIG"):
+        path = environ[ENV_PREFIX + "CONFIG"]
     if path is not None:
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise ConfigError(
@@ -156,15 +205,13 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
         data.update(read_config_file(path))
         bad = sorted(k for k in data if k in ENGINE_FIELDS)
         if bad:
-            raise ConfigError(
-                f"hicache-vllm: the hicache config file {str(path)!r} sets {bad}, which the connector "
-                "derives from vLLM's config; remove them from the file"
-            )
-    elif "backend" not in extra:
+            raise _refused(bad, f"the hicache config file {str(path)!r}", "remove them from the file")
+    elif "backend" not in extra and "backend" not in env_layer:
         raise ConfigError(
             "hicache-vllm: kv_connector_extra_config must name a hicache backend or a config file, e.g. "
             '{"backend": "file", "options": {"root": "/var/cache/hicache"}} or '
-            '{"config": "/etc/hicache.toml"} (list the installed backends with `hicache backends`)'
+            '{"config": "/etc/hicache.toml"} (or set HICACHE_CONFIG / HICACHE_BACKEND; list the '
+            "installed backends with `hicache backends`)"
         )
     flags = {}
     for key in ("async_save", "async_load"):
@@ -185,8 +232,13 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
                     f'{{"root": "/var/cache/hicache"}}, got {type(value).__name__} {value!r:.80}'
                 )
         given[key] = value
-    # The file, then the extra config: options and controller settings merge one by one.
-    data = merge_config_layers((str(path), data), ("kv_connector_extra_config", given))
+    # The file, the environment, then the extra config: options and controller settings merge
+    # one by one.
+    data = merge_config_layers(
+        (str(path), data),
+        ("HICACHE_* environment variables", env_layer),
+        ("kv_connector_extra_config", given),
+    )
     # Metrics are on unless the operator turns them off: the connector reports through them.
     data.setdefault("enable_storage_metrics", True)
     # Validate every operator field now (engine fields get placeholders), naming the key.
@@ -198,9 +250,17 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> ConnectorSettings:
 
 
 def storage_config(
-    settings: ConnectorSettings, page: PageFormat, *, tp_rank: int, pp_rank: int
+    settings: ConnectorSettings,
+    page: PageFormat,
+    *,
+    tp_rank: int,
+    pp_rank: int,
+    layout: Layout = Layout.LAYER_FIRST,
 ) -> StorageConfig:
-    """The ``StorageConfig`` of one vLLM rank: the operator's fields plus the engine's."""
+    """The ``StorageConfig`` of one vLLM rank: the operator's fields plus the engine's.
+
+    ``layout`` is the layout of the worker's pool over vLLM's KV cache (the workers report it to
+    the scheduler; vLLM's CPU ``LBHNC`` cache gives ``layer_first``): it names the key namespace."""
     data = dict(settings.fields)
     if data.get("model_revision") is None and page.revision is not None:
         data["model_revision"] = page.revision
@@ -211,7 +271,8 @@ def storage_config(
         tp_size=page.tp_size,
         pp_rank=pp_rank,
         pp_size=page.pp_size,
-        is_mla_model=page.is_mla,
+        is_mla_model=page.rank_replicated,
+        layout=layout,
     )
     try:
         return StorageConfig.model_validate(data)

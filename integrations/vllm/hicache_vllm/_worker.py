@@ -34,15 +34,26 @@ from dataclasses import dataclass
 
 import torch
 
-from hicache_core import PoolName, StorageConfig, Store, open_store
+from hicache_core import ConfigError, Layout, PoolName, StorageConfig, Store, open_store
 from hicache_core.pools import ExternalPool
 from hicache_core.transfer import CallPool, Plan, Request, TransferPath, select_io_path
 
 from ._scheduler import PageOp
 
-__all__ = ["TransferStats", "WorkerSide"]
+__all__ = ["TransferStats", "WorkerSide", "check_io_timeout"]
 
 log = logging.getLogger("hicache.vllm")
+
+
+def check_io_timeout(store: Store, config: StorageConfig) -> None:
+    """Refuse ``io_timeout_s`` on a backend without v1, as ``CacheController`` does: a call
+    abandoned at the timeout must move pages through staging buffers, which only v1 takes."""
+    if config.controller.io_timeout_s is not None and not store.capabilities.v1:
+        raise ConfigError(
+            f"backend {store.name!r} implements only v2, which moves pages straight from and to "
+            "host memory, so a call abandoned by io_timeout_s could still write vLLM's KV blocks "
+            "later; leave io_timeout_s unset with this backend"
+        )
 
 
 @dataclass
@@ -88,11 +99,21 @@ class WorkerSide:
 
     # --------------------------------------------------------------- set-up
     def register(self, kv_caches: Mapping[str, torch.Tensor]) -> None:
-        """View vLLM's per-layer KV tensors as one hicache pool and open the store over it."""
+        """View vLLM's per-layer KV tensors as one hicache pool and open the store over it.
+
+        The config's ``layout`` becomes the pool's (vLLM's CPU ``LBHNC`` cache: ``layer_first``);
+        it is part of the key namespace, so the scheduler learns it through the handshake
+        (:meth:`layout`). An MLA cache is the same on every tensor-parallel rank: its pool is
+        rank-replicated, one key per page that rank 0 writes and every rank reads."""
         tensors = list(kv_caches.values())
-        pool = ExternalPool.from_block_tensors(tensors, page_size=self.block_size)
+        pool = ExternalPool.from_block_tensors(
+            tensors, page_size=self.block_size, rank_replicated=self.config.is_mla_model
+        )
+        if pool.layout is not self.config.layout:
+            self.config = self.config.model_copy(update={"layout": pool.layout})
         store = open_store(self.config)
         try:
+            check_io_timeout(store, self.config)
             io_path = select_io_path(store.capabilities, pool.layout)
             if io_path is None:
                 raise RuntimeError(
@@ -105,21 +126,23 @@ class WorkerSide:
             raise
         settings = self.config.controller
         self.pool, self.store = pool, store
+        owner = self.config.tp_rank == 0  # writes rank-replicated (MLA) pages
         timeout = settings.io_timeout_s
-        if timeout is not None and store.capabilities.v1:
+        if timeout is not None:
             # a call abandoned at the timeout must never write vLLM's blocks later: staged v1
             self._calls = CallPool(4, "hicache-vllm-call")
             self.path = TransferPath(
                 store,
                 "v1",
                 batch_pages=settings.batch_pages,
+                owner=owner,
                 io_timeout_s=timeout,
                 call_pool=self._calls,
                 staged=True,
             )
             io_path = "v1"
         else:
-            self.path = TransferPath(store, io_path, batch_pages=settings.batch_pages)
+            self.path = TransferPath(store, io_path, batch_pages=settings.batch_pages, owner=owner)
         g = pool.geometry
         log.info(
             "hicache-vllm: backend %r over vLLM's KV cache in place: %d blocks of %d runs x %d bytes "
@@ -132,6 +155,11 @@ class WorkerSide:
             io_path,
             store.keys.scheme.namespace,
         )
+
+    @property
+    def layout(self) -> Layout | None:
+        """The registered pool's layout (``None`` before a successful :meth:`register`)."""
+        return self.pool.layout if self.pool is not None else None
 
     # ---------------------------------------------------------------- loads
     def load(self, ops: Sequence[PageOp]) -> None:

@@ -10,8 +10,9 @@ or the same JSON on ``vllm serve --kv-transfer-config``. vLLM builds one instanc
 scheduler (``SchedulerSide``: page hashes, one batched existence query per new request, the
 loads and saves of each step) and one per worker (``WorkerSide``: vLLM's KV cache viewed in place
 as a hicache pool; loads before the forward pass, saves after it). Both open the store with
-the same ``StorageConfig`` apart from the rank, so their keys agree; the scheduler asks about
-tensor-parallel rank 0's pages.
+the same ``StorageConfig`` apart from the rank, so their keys agree: the workers report the
+layout of their pool (part of the key namespace) through vLLM's connector handshake at start-up,
+and the scheduler asks about tensor-parallel rank 0's pages (MLA: the one key of every rank).
 
 A hicache store is a cache: a page that fails to load is recomputed. The connector therefore
 runs vLLM with ``kv_load_failure_policy="recompute"`` (it sets it, with a log line, when the
@@ -42,18 +43,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
+    KVConnectorHandshakeMetadata,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorTransferResults,
     KVConnectorWorkerMetadata,
 )
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
 
-from hicache_core import ComponentSpec, ConfigError, HostPool, PoolName, open_store
+from hicache_core import ComponentSpec, ConfigError, HostPool, Layout, PoolName, open_store
 from hicache_core.transfer import TransferPath, select_io_path
 
 from ._config import ConnectorSettings, PageFormat, parse_extra_config, storage_config
 from ._scheduler import PageOp, SchedulerSide
-from ._worker import WorkerSide
+from ._worker import WorkerSide, check_io_timeout
 
 if TYPE_CHECKING:  # pragma: no cover
     from vllm.config import VllmConfig
@@ -93,6 +96,14 @@ class HiCacheWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc,unu
         return self
 
 
+@dataclass
+class HiCacheHandshake(KVConnectorHandshakeMetadata):  # type: ignore[misc,unused-ignore]  # Any without vLLM
+    """Worker -> scheduler, once at start-up: the layout of the worker's pool, which names the
+    key namespace (the scheduler must ask about the keys the workers write)."""
+
+    layout: str
+
+
 def _dtype_name(dtype: Any) -> str:
     text = str(dtype)
     return text[len("torch.") :] if text.startswith("torch.") else text
@@ -107,6 +118,18 @@ def page_format(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Page
             "connector supports models with one full-attention KV cache group"
         )
     spec = groups[0].kv_cache_spec
+    if type(spec) not in (FullAttentionSpec, MLAAttentionSpec) or getattr(spec, "non_causal", False):
+        # Sliding-window and chunked-local caches drop blocks while the request runs (and give
+        # the null block for skipped ones); a non-causal prefix's KV depends on later tokens: a
+        # page is then not a function of its prefix's token ids.
+        kind = type(spec).__name__ + (" (non_causal)" if getattr(spec, "non_causal", False) else "")
+        raise ConfigError(
+            f"hicache-vllm: this model's KV cache is a {kind}; the connector supports causal "
+            "full-attention (FullAttentionSpec) and MLA (MLAAttentionSpec) KV caches only, whose "
+            "blocks hold every prompt token: serve this model without the connector (a model "
+            "mixing full and sliding-window layers gets a full-attention cache when vLLM's hybrid "
+            "KV cache manager is off, --disable-hybrid-kv-cache-manager)"
+        )
     try:
         layout = vllm_config.cache_config.get_resolved_kv_cache_layout().name
     except Exception:  # not resolved yet in this process: the platform default
@@ -122,15 +145,30 @@ def page_format(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> Page
     return PageFormat(
         model=str(model.model),
         revision=getattr(model, "revision", None) or None,
-        kv_dtype=_dtype_name(getattr(spec, "dtype", vllm_config.cache_config.cache_dtype)),
+        kv_dtype=_kv_dtype(str(vllm_config.cache_config.cache_dtype), spec),
         device=device,
         layout=layout,
         block_size=int(spec.block_size),
         num_layers=len(groups[0].layer_names),
-        is_mla="MLA" in type(spec).__name__,
+        is_mla=isinstance(spec, MLAAttentionSpec),
         tp_size=int(parallel.tensor_parallel_size),
         pp_size=int(parallel.pipeline_parallel_size),
+        cp_sharded=any(
+            int(getattr(parallel, f"{kind}_context_parallel_size", 1) or 1) > 1
+            for kind in ("decode", "prefill")
+        ),
     )
+
+
+def _kv_dtype(cache_dtype: str, spec: Any) -> str:
+    """The KV dtype of the key namespace: vLLM's ``--kv-cache-dtype`` string unless ``auto`` (then
+    the torch dtype of the cache, the model's). vLLM stores every fp8 variant (``fp8``,
+    ``fp8_e4m3``, ``fp8_e5m2``...) as ``uint8``, so the torch dtype cannot tell them apart; each
+    string is its own namespace (``fp8``, vLLM's alias of ``fp8_e4m3``, too: a miss, never
+    another encoding's bytes)."""
+    if cache_dtype != "auto":
+        return cache_dtype
+    return _dtype_name(spec.dtype)
 
 
 def _ranks() -> tuple[int, int]:
@@ -143,12 +181,15 @@ def _ranks() -> tuple[int, int]:
         return 0, 0
 
 
-def _scheduler_side(settings: ConnectorSettings, page: PageFormat) -> SchedulerSide:
-    config = storage_config(settings, page, tp_rank=0, pp_rank=0)
+def _scheduler_side(settings: ConnectorSettings, page: PageFormat, layout: Layout) -> SchedulerSide:
+    """The scheduler's store and existence path over rank 0's keys in the workers' ``layout``."""
+    config = storage_config(settings, page, tp_rank=0, pp_rank=0, layout=layout)
     store = open_store(config)
     try:
+        check_io_timeout(store, config)
         # Existence queries need the pool's component names only (the keys), not its memory.
-        pool = HostPool([ComponentSpec("kv", 1, (1,), torch.uint8)], 1)
+        pool = HostPool([ComponentSpec("kv", 1, (1,), torch.uint8)], 1, layout=layout)
+        pool.rank_replicated = page.rank_replicated  # MLA: the one shared key of every rank
         store.register_pool(PoolName.KV, pool)
         io_path = select_io_path(store.capabilities, pool.layout) or "v1"
         path = TransferPath(store, io_path, batch_pages=config.controller.batch_pages)
@@ -183,7 +224,8 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
         self._failed_loads: dict[str, int] = {}  # worker: failed loads not yet sent back
         self._sync_loading: dict[str, Request] = {}  # scheduler: requests granted a synchronous load
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = _scheduler_side(self.settings, self.page)
+            # vLLM's CPU KV cache gives a layer_first pool; the workers' handshake confirms it
+            self.scheduler = _scheduler_side(self.settings, self.page, Layout.LAYER_FIRST)
         else:
             tp_rank, pp_rank = _ranks()
             config = storage_config(self.settings, self.page, tp_rank=tp_rank, pp_rank=pp_rank)
@@ -202,14 +244,36 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
     @staticmethod
     def _cacheable(request: Request) -> bool:
         """Whether a request's KV is a function of its prompt token ids alone: not with images
-        or other multimodal inputs, a LoRA adapter or a cache salt (the page hashes cover only
-        the token ids, so such requests are neither loaded nor saved)."""
+        or other multimodal inputs, prompt embeddings, a LoRA adapter or a cache salt (the page
+        hashes cover only the token ids, so such requests are neither loaded nor saved)."""
         return bool(
             request.prompt_token_ids
+            and getattr(request, "prompt_embeds", None) is None
             and not getattr(request, "mm_features", None)
             and getattr(request, "lora_request", None) is None
             and not getattr(request, "cache_salt", None)
         )
+
+    def set_xfer_handshake_metadata_pp_aware(
+        self, metadata: dict[tuple[int, int], KVConnectorHandshakeMetadata]
+    ) -> None:
+        """Every worker's pool layout, keyed by ``(pp_rank, tp_rank)``, before the first request:
+        the scheduler asks about the keys rank 0 writes, so it takes rank 0's layout."""
+        layouts = {r: m.layout for r, m in metadata.items() if isinstance(m, HiCacheHandshake)}
+        if len(set(layouts.values())) > 1:
+            log.warning("hicache-vllm: the workers' KV pools differ in layout: %s", layouts)
+        layout = layouts.get((0, 0))
+        sched = self.scheduler
+        if sched is None or layout is None:
+            return
+        log.info("hicache-vllm: the workers' KV pools are %s: the scheduler asks about those keys", layout)
+        if Layout(layout) is sched.store.config.layout:
+            return
+        self.scheduler = _scheduler_side(self.settings, self.page, Layout(layout))
+        sched.close()
+
+    def set_xfer_handshake_metadata(self, metadata: dict[int, KVConnectorHandshakeMetadata]) -> None:
+        self.set_xfer_handshake_metadata_pp_aware({(0, r): m for r, m in metadata.items()})
 
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         if self.scheduler is None or not self._loads or not self._cacheable(request):
@@ -297,6 +361,8 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
             return
         try:
             self.worker.register(kv_caches)
+        except ConfigError:
+            raise  # a config the backend cannot serve: refused at start-up
         except Exception as err:
             # The engine still serves: every granted load reports failed blocks (recomputed).
             log.error(
@@ -306,6 +372,10 @@ class HiCacheConnector(KVConnectorBase_V1):  # type: ignore[misc,unused-ignore] 
                 type(err).__name__,
                 err,
             )
+
+    def get_handshake_metadata(self) -> KVConnectorHandshakeMetadata | None:
+        layout = self.worker.layout if self.worker is not None else None
+        return HiCacheHandshake(layout.value) if layout is not None else None
 
     def start_load_kv(self, forward_context: ForwardContext, **kwargs: Any) -> None:
         if self.worker is not None and self.has_connector_metadata():
