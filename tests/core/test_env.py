@@ -58,7 +58,7 @@ def test_every_hicache_variable_in_the_code_is_listed() -> None:
     for p in files:
         used |= set(re.findall(r"\bHICACHE_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(errors="replace")))
     # Names built from a prefix, names used to show that a typo is refused, and the C header guard.
-    ignore = {"HICACHE_FASTIO_H", "HICACHE_MODLE_NAME", "HICACHE_X"}
+    ignore = {"HICACHE_FASTIO_H", "HICACHE_MODLE_NAME", "HICACHE_BACTH_PAGES", "HICACHE_X"}
     assert used - listed - ignore == set()
 
 
