@@ -69,7 +69,12 @@ CONFIG_VARS: Final[tuple[EnvVar, ...]] = (
         "none",
         "weights revision or fingerprint; when set, separates the key namespace (none = unset)",
     ),
-    _config("kv_dtype", "str", "bfloat16", "KV dtype in the key namespace"),
+    _config(
+        "kv_dtype",
+        "str",
+        "bfloat16",
+        "KV dtype in the key namespace (unset: a controller takes its KV pool's dtype)",
+    ),
     _config("tp_rank", "int", "0", "tensor-parallel rank"),
     _config("tp_size", "int", "1", "tensor-parallel size"),
     _config("pp_rank", "int", "0", "pipeline-parallel rank"),

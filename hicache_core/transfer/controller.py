@@ -17,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+import torch
+
 from ..config import PrefetchPolicy, StorageConfig
 from ..errors import (
     ArgumentTypeError,
@@ -64,9 +66,9 @@ class CacheController:
             )
         if store is not None and not isinstance(store, Store):
             raise ArgumentTypeError(f"store must be a hicache_core.Store or None, got {type(store).__name__}")
-        self.config = config
-        self.settings = config.controller
         self.pools = pools if isinstance(pools, HostPoolGroup) else HostPoolGroup(pools)
+        self.config = config = _keyed_config(config, self.pools, store)
+        self.settings = config.controller
         self._owns_store = store is None
         # Backend calls run here only when io_timeout_s is set; abandoned (stuck) calls keep a
         # thread each, so the pool is larger than the number of concurrent operations. Threads
@@ -483,6 +485,34 @@ _ATTACHED: weakref.WeakKeyDictionary[Store, weakref.WeakSet[CacheController]] = 
 
 def _in_use(store: Store, name: PoolName, pool: HostPool) -> bool:
     return any(not c._closed and c.pools.get(name) is pool for c in _ATTACHED.get(store, ()))
+
+
+def _keyed_config(config: StorageConfig, pools: HostPoolGroup, store: Store | None) -> StorageConfig:
+    """``config``, with a ``kv_dtype`` it leaves unset taken from the dtype the KV pool holds.
+
+    Pages of a float16 and a bfloat16 pool have the same size, so two controllers whose configs
+    both left ``kv_dtype`` at its default would read each other's bytes as their own. A value the
+    config sets is the operator's label (``"fp8_e4m3"`` over a ``uint8`` pool) and is kept; so is
+    a shared store's, whose keys are fixed (a WARNING names a torch dtype other than the pool's).
+    """
+    dtype = getattr(pools.anchor, "dtype", None)
+    if not isinstance(dtype, torch.dtype):
+        return config
+    name = str(dtype).removeprefix("torch.")
+    if config.kv_dtype == name:
+        return config
+    if store is None and "kv_dtype" not in config.model_fields_set:
+        return config.model_copy(update={"kv_dtype": name})
+    if isinstance(getattr(torch, config.kv_dtype, None), torch.dtype):
+        log.warning(
+            "hicache: kv_dtype=%r but the KV pool holds %s; pages are keyed as %r (set kv_dtype=%r "
+            "to key them as what they are)",
+            config.kv_dtype,
+            name,
+            config.kv_dtype,
+            name,
+        )
+    return config
 
 
 def _check_same_store_config(config: StorageConfig, store: Store) -> None:

@@ -3,6 +3,7 @@ and a load's host slots."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -75,3 +76,25 @@ def test_a_load_refuses_a_slot_given_twice(tmp_path) -> None:
         assert int(kv.page_views([5])[0][0][0]) == 1 and int(kv.page_views([6])[0][0][0]) == 2
     finally:
         ctl.close()
+
+
+def test_default_kv_dtype_is_the_kv_pools_dtype(tmp_path: Path) -> None:
+    """float16 and bfloat16 pages have the same size: two controllers that both leave kv_dtype
+    unset never read each other's pages as their own (the namespace names the pool's dtype)."""
+    import torch
+
+    cfg = hc.StorageConfig(backend="file", options={"root": str(tmp_path)}, model_name="m")
+    hashes = hc.page_hashes(list(range(16)), 4)
+    bf16 = hc.MHAKVPool(4, 4, 1, 1, 8, dtype=torch.bfloat16)
+    with hc.CacheController(cfg, bf16) as ctl:
+        assert ctl.config.kv_dtype == "bfloat16"
+        assert ctl.backup(hashes, [0, 1, 2, 3]).pages == 4
+    f16 = hc.MHAKVPool(4, 4, 1, 1, 8, dtype=torch.float16)
+    with hc.CacheController(cfg, f16) as ctl:
+        assert ctl.config.kv_dtype == "float16"
+        assert ctl.query(hashes).pages == 0 and ctl.prefetch(hashes, [0, 1, 2, 3]).pages == 0
+    # a value the config sets is the operator's label, kept as given
+    labelled = cfg.model_copy(update={"kv_dtype": "fp8_e4m3"})
+    u8 = hc.MHAKVPool(4, 4, 1, 1, 16, dtype=torch.uint8)
+    with hc.CacheController(hc.StorageConfig(**labelled.model_dump()), u8) as ctl:
+        assert ctl.config.kv_dtype == "fp8_e4m3"
