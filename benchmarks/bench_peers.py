@@ -11,8 +11,10 @@ Contenders, each through its own public API at its best settings, each in its ow
 * LMCache's ``LocalDiskBackend`` (buffered, its default, and ``use_odirect``);
 * SGLang's ``HiCacheFile`` (``batch_set`` / ``batch_get``);
 * NIXL's POSIX plugin: default (Linux AIO), ``use_uring``, and ``use_uring`` with ``O_DIRECT``;
-* ``raw``: one preallocated file, ``O_DIRECT`` write and depth-4 read: the disk's limit, for
-  reference only (it is neither a peer nor hicache).
+* ``raw``: one preallocated file, ``O_DIRECT`` writes and reads at queue depth 1 and at 4, from
+  and into huge-page memory as hicache's pools; the row ``raw: one file, O_DIRECT`` is the faster
+  depth of each round (``_raw_limit``): the disk's limit, for reference only (it is neither a peer
+  nor hicache).
 
 Every round runs every contender once, in a new shuffled order, each in a fresh worker process
 (``benchmarks/peers/worker_*.py``) that gets a seed and the case list as JSON on stdin and answers
@@ -58,6 +60,8 @@ PAGE_SIZES = (256 * KIB, 2 * MIB)
 PHASES = ("durable", "cold", "warm")
 TARGETS = {"cold": 1.2, "durable": 1.5, "warm": 1.0}
 WORKER_TIMEOUT_S = 900
+RAW = "raw: one file, O_DIRECT"  # the faster of the RAW_DEPTHS rows, round by round
+RAW_DEPTHS = (1, 4)
 
 
 @dataclass
@@ -131,7 +135,7 @@ def contenders(pdir: Path) -> list[Contender]:
         Contender("NIXL POSIX, AIO (default)", "peer", "worker_nixl.py", "aio", "nixl"),
         Contender("NIXL POSIX, io_uring", "peer", "worker_nixl.py", "uring", "nixl"),
         Contender("NIXL POSIX, io_uring + O_DIRECT", "peer", "worker_nixl.py", "odirect", "nixl"),
-        Contender("raw: one file, O_DIRECT", "raw", "worker_raw.py", "default"),
+        *(Contender(f"{RAW}, depth {d}", "raw-depth", "worker_raw.py", str(d)) for d in RAW_DEPTHS),
     ]
     for c in out:
         if c.venv is not None and not os.access(c.python(pdir), os.X_OK):
@@ -209,6 +213,21 @@ def _round(
                 continue
             for ph in PHASES:
                 c.gbps.setdefault((case["page_bytes"], ph), []).append(case["bytes"] / case[f"{ph}_s"] / 1e9)
+
+
+def _raw_limit(cs: list[Contender]) -> Contender:
+    """The ``raw`` row: per round, size and phase, the faster of the depth rows (as
+    ``bench_file.raw_limit`` takes the faster of depth 1 and 4)."""
+    rows = [c for c in cs if c.kind == "raw-depth"]
+    out = Contender(RAW, "raw", "worker_raw.py", "+".join(c.setting for c in rows))
+    out.missing = next((c.missing for c in rows if c.missing), None)
+    out.errors = [e for c in rows for e in c.errors]
+    out.versions = next((c.versions for c in rows if c.versions), {})
+    for key in {k for c in rows for k in c.gbps}:
+        runs = [c.gbps.get(key, []) for c in rows]
+        if all(runs):
+            out.gbps[key] = [max(v) for v in zip(*runs)]
+    return out
 
 
 def _median(c: Contender, size: int, phase: str) -> float | None:
@@ -307,7 +326,7 @@ def run(
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    res = _figures(cs, rounds)
+    res = _figures([*cs, _raw_limit(cs)], rounds)
     for c in cs:
         if c.errors:
             print(f"bench_peers: {c.name}: FAILED ({c.errors[0]})", file=sys.stderr, flush=True)

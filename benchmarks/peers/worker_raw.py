@@ -1,14 +1,21 @@
 """Reference worker: the disk's raw limit on the same bytes (not a peer; never in the ratios).
 
-Standard library only, run with the repository's venv. One file, preallocated (untimed), all the
-pages back to back. Durable: ``O_DIRECT`` sequential ``pwrite`` of every page then
-``fdatasync``. Cold: ``O_DIRECT`` ``preadv`` of every page at queue depth 4 (four threads, each
-its own quarter; the faster depth on this disk, see the README). Warm: buffered ``preadv``
-from the page cache (filled by an untimed buffered read first). Setting: ``default``.
+Standard library only, run with the repository's venv. One file, created and preallocated
+(``posix_fallocate`` + ``fsync``, untimed), all the pages back to back. Setting: the queue
+depth, ``"1"`` or ``"4"`` (``bench_peers`` runs both and reports the faster per round as the raw
+limit). Durable: ``O_DIRECT`` ``pwrite`` of every page, ``depth`` in flight (threads taking the
+next page in file order), then the ``fdatasync`` every contender pays
+(``_common.make_durable``). Cold: ``O_DIRECT`` ``preadv`` of every page,
+``depth`` threads each reading its own share. Warm: the same buffered, from the page cache
+(filled by an untimed buffered read first). Source and destination are 2 MiB-aligned private
+anonymous memory advised ``MADV_HUGEPAGE``: the kind hicache's host pools get (``O_DIRECT`` from
+4 KiB-page memory pins every page per I/O: it wrote 1.3-1.4 GB/s here against 2.0 from huge
+pages, ``benchmarks/README.md``, "Twelfth session: durable").
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import sys
@@ -17,15 +24,32 @@ import threading
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _common
 
-DEPTH = 4
+HUGE = 2 << 20
+
+
+def huge_buffer(nbytes: int) -> tuple[mmap.mmap, memoryview]:
+    """``nbytes`` of anonymous memory starting on a 2 MiB boundary, advised ``MADV_HUGEPAGE``
+    (before the first touch; where refused, ordinary pages)."""
+    # private: shared anonymous memory (mmap's default) is shmem, which madvise does not make huge
+    m = mmap.mmap(-1, nbytes + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    start = -ctypes.addressof(ctypes.c_char.from_buffer(m)) % HUGE
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if advise is not None:
+        try:
+            m.madvise(advise, start, nbytes)
+        except OSError:
+            pass
+    return m, memoryview(m)[start : start + nbytes]
 
 
 class RawFile:
     def __init__(self, root: str, page_bytes: int, n: int, setting: str) -> None:
         self.path = os.path.join(root, "raw.bin")
         self.page_bytes, self.n = page_bytes, n
-        self.src = mmap.mmap(-1, page_bytes * n)  # page-aligned, as O_DIRECT needs
-        self.dst = mmap.mmap(-1, page_bytes * n)
+        self.depth = int(setting) if setting.isdigit() else 1
+        self._maps: list[mmap.mmap] = []
+        self.src = self._buffer(page_bytes * n)
+        self.dst = self._buffer(page_bytes * n)
         self.phase = "cold"
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -37,19 +61,40 @@ class RawFile:
     def fill(self, i: int, data: memoryview) -> None:
         self.src[i * self.page_bytes : (i + 1) * self.page_bytes] = data
 
+    def _buffer(self, nbytes: int) -> memoryview:
+        m, view = huge_buffer(nbytes)
+        self._maps.append(m)
+        return view
+
     def write(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_DIRECT)
+        pages = iter(range(self.n))  # next() is atomic under the GIL: each page written once
+        errors: list[BaseException] = []
+
+        def part() -> None:
+            try:
+                for i in pages:
+                    off = i * self.page_bytes
+                    if os.pwrite(fd, self.src[off : off + self.page_bytes], off) != self.page_bytes:
+                        raise OSError(f"short write of page {i}")
+            except BaseException as err:
+                errors.append(err)
+
         try:
-            view = memoryview(self.src)
-            for i in range(self.n):
-                off = i * self.page_bytes
-                os.pwrite(fd, view[off : off + self.page_bytes], off)
+            threads = [threading.Thread(target=part) for _ in range(self.depth - 1)]
+            for t in threads:
+                t.start()
+            part()
+            for t in threads:
+                t.join()
         finally:
             os.close(fd)
+        if errors:
+            raise errors[0]
 
     def _read(self, flags: int, depth: int) -> None:
         fd = os.open(self.path, os.O_RDONLY | flags)
-        view = memoryview(self.dst)
+        view = self.dst
         errors: list[BaseException] = []
 
         def part(lo: int, hi: int) -> None:
@@ -80,14 +125,11 @@ class RawFile:
         self.dst[:] = bytes(len(self.dst))
 
     def read(self) -> int:
-        if self.phase == "cold":
-            self._read(os.O_DIRECT, DEPTH)
-        else:
-            self._read(0, 1)
+        self._read(os.O_DIRECT if self.phase == "cold" else 0, self.depth)
         return self.n
 
     def page(self, i: int) -> bytes:
-        return self.dst[i * self.page_bytes : (i + 1) * self.page_bytes]
+        return bytes(self.dst[i * self.page_bytes : (i + 1) * self.page_bytes])
 
     def close(self) -> None:
         pass
