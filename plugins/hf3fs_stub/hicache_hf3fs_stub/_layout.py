@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import struct
 import uuid
 import zlib
@@ -29,9 +30,12 @@ __all__ = [
     "crc",
     "create_data_file",
     "fsync_dir",
+    "make_dirs",
     "pack_header",
     "read_superblock",
+    "remove_dead_temps",
     "slot_stride",
+    "temp_path",
     "unpack_header",
 ]
 
@@ -103,10 +107,92 @@ def fsync_dir(path: Path) -> None:
         os.close(dfd)
 
 
+def make_dirs(path: Path) -> None:
+    """Create directory ``path`` and its missing parents, fsyncing the parent of each one created.
+
+    Always, not only with ``fsync``: the data file's creation is always made durable
+    (:func:`create_data_file`), which is worth nothing if a power loss can take the directory
+    holding it; it costs one fsync per new directory, once per prefix.
+    """
+    missing = []
+    p = path
+    while not p.is_dir() and p.parent != p:
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            # made by a racing process: fsync anyway, we may write into it before it syncs
+        fsync_dir(d)
+
+
+def temp_path(path: Path) -> Path:
+    """The name this process writes ``path`` under before renaming it into place."""
+    return Path(f"{path}.tmp.{os.getpid()}")
+
+
+def remove_dead_temps(*paths: Path) -> int:
+    """Unlink the :func:`temp_path` files of ``paths`` (one directory) whose process is gone.
+
+    Call with the writer lock held: temp files are created and renamed (or unlinked) under it,
+    so one found then was left by a killed writer. A name whose pid is a live process is kept
+    all the same (a reused pid); only exact names ``{name}.tmp.{pid}`` are looked at, and they
+    are unlinked relative to the directory (a symlink is removed, never followed). Best effort:
+    an error is logged, never raised. Returns how many were removed.
+    """
+    names = "|".join(re.escape(p.name) for p in paths)
+    pattern = re.compile(rf"(?:{names})\.tmp\.([1-9][0-9]{{0,8}})")
+    parent = paths[0].parent
+    try:
+        dfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        log.warning("hicache hf3fs: cannot look for stale temporary files in %s: %s", parent, err)
+        return 0
+    removed = 0
+    try:
+        for name in os.listdir(dfd):
+            m = pattern.fullmatch(name)
+            if m is None or _alive(int(m[1])):
+                continue
+            try:
+                size = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_size
+                os.unlink(name, dir_fd=dfd)
+            except FileNotFoundError:
+                continue
+            except OSError as err:  # e.g. a directory of that name
+                log.warning("hicache hf3fs: cannot remove stale %s: %s", parent / name, err)
+                continue
+            removed += 1
+            log.info(
+                "hicache hf3fs: removed %s (%d bytes), left by process %s, which no longer runs",
+                parent / name,
+                size,
+                m[1],
+            )
+    except OSError as err:
+        log.warning("hicache hf3fs: cannot look for stale temporary files in %s: %s", parent, err)
+    finally:
+        os.close(dfd)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it runs, as another user
+        return True
+    return True
+
+
 def create_data_file(path: Path, capacity: int, num_slots: int, fallocate: bool) -> None:
     """Create ``path`` atomically (temporary file, then rename) with a new file id."""
     geo = Geometry(capacity, slot_stride(capacity), num_slots, uuid.uuid4().bytes)
-    tmp = Path(f"{path}.tmp.{os.getpid()}")
+    tmp = temp_path(path)
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
     try:
         sb = _SB.pack(_SB_MAGIC, 1, HEADER_SIZE, geo.capacity, geo.stride, geo.num_slots, geo.file_id)

@@ -25,6 +25,9 @@ new page, never an index entry that points at a partial slot. Readers additional
 header (key, sequence, length), the payload CRC32 and re-read the header after the payload
 (a seqlock), so a slot overwritten by another process while being read is a miss, never
 wrong bytes. Data survives process crashes; set ``fsync`` to also survive power loss.
+A writer killed while creating ``P`` or rewriting ``P.idx`` leaves its temporary file
+(``P.tmp.{pid}``, ``P.idx.tmp.{pid}``, possibly a fully preallocated data file); every open
+removes those whose process no longer runs, under the writer lock.
 
 A read that fails verification for any other reason is re-checked under the writer lock (no
 writer can be mid-write then) after tailing the log. If the index still maps the key to the same
@@ -64,9 +67,12 @@ from ._layout import (
     crc,
     create_data_file,
     fsync_dir,
+    make_dirs,
     pack_header,
     read_superblock,
+    remove_dead_temps,
     slot_stride,
+    temp_path,
     unpack_header,
 )
 
@@ -103,7 +109,7 @@ class SlotFile:
         self.log_path = Path(f"{path}.idx")
         self.fsync = fsync
         self._lock = threading.RLock()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent)
         self._lock_fd = os.open(f"{path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         self._fd = self._log_fd = -1
         self.integrity_errors = 0
@@ -111,6 +117,7 @@ class SlotFile:
         and reported as misses) and damaged index records (skipped, their pages are misses)."""
         try:
             with self._writer():
+                remove_dead_temps(self.path, self.log_path)  # left by killed writers
                 if not self.path.exists():
                     if not create or capacity is None or num_slots is None:
                         raise FileNotFoundError(str(self.path))
@@ -350,7 +357,7 @@ class SlotFile:
         self._rewrite_log()
 
     def _write_log(self, content: bytes) -> int:
-        tmp = Path(f"{self.log_path}.tmp.{os.getpid()}")
+        tmp = temp_path(self.log_path)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         try:
             view = memoryview(content)
@@ -360,6 +367,8 @@ class SlotFile:
             os.replace(tmp, self.log_path)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                tmp.unlink()  # e.g. the disk is full: leave nothing behind
             raise
         fsync_dir(self.path)
         return fd
