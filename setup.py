@@ -7,9 +7,9 @@ warning and ``hicache_core.paging.hashes`` falls back to its pure-Python impleme
 ``HICACHE_REQUIRE_NATIVE=1`` to turn a failed build into an error instead (useful in CI and
 wheel builds).
 
-On Python >= 3.11 the extension is compiled against the limited C API (``Py_LIMITED_API``),
-so the compiler rejects any use of CPython object internals; the module is still built (and
-named) for the running interpreter only.
+The extension uses only the documented public C API (``tests/core/test_native.py`` checks its
+source for struct fields and private ``_Py`` names); it reads lists with ``PyList_GET_ITEM``,
+which the limited API lacks, so it is built for the running interpreter only.
 """
 
 from __future__ import annotations
@@ -68,9 +68,6 @@ class OptionalBuildExt(build_ext):
             _warn(f"building {ext.name}", exc)
 
 
-# The buffer protocol joined the limited API in 3.11; 3.10 builds the same source without it.
-_LIMITED_API = [("Py_LIMITED_API", "0x030B0000")] if sys.version_info >= (3, 11) else []
-
 setup(
     ext_modules=[]
     if _skip_native()
@@ -79,7 +76,6 @@ setup(
             "hicache_core.native._pagehash",
             ["hicache_core/native/_pagehash.c"],
             libraries=["crypto"],
-            define_macros=_LIMITED_API,
             # Lets an in-place/editable build skip copying a module that failed to build.
             optional=not _require_native(),
         ),

@@ -15,12 +15,17 @@
  * raises IndexError (hashes.py maps all three to BatchShapeError).
  *
  * Safety rules this file keeps:
- * - Only the public C API: setup.py compiles it with Py_LIMITED_API on Python >= 3.11, so any
- *   use of object internals (PyList_GET_ITEM, ob_item, ...) fails to build there.
- * - Every list/tuple index is bounds-checked by the call that reads it (PyList_GetItem /
- *   PyTuple_GetItem) and token values are copied into memory owned by the call before they
- *   are hashed, so Python code run by an item's __index__ (which may mutate the list) can only
- *   cause an error, never an out-of-bounds read. The list's length is checked again at the end.
+ * - Only the documented public C API: no struct fields of Python objects and no _Py names
+ *   (tests/core/test_native.py checks the source). Lists and tuples are read with the documented
+ *   PyList_GET_ITEM / PyList_GET_SIZE (PyTuple_*) macros, which skip PyList_GetItem's call and
+ *   checks: the one public way to read a list's items that the limited API lacks, worth about
+ *   20 us per 64K tokens (benchmarks/README.md, "The core's page hashing").
+ * - Every list/tuple index is checked against the sequence's length before it is read, and the
+ *   length is read again after anything that can run Python code (an item's __index__, which
+ *   may mutate the list, or an error, whose allocation may run the garbage collector); the item
+ *   is then read again too. Token values are copied into memory owned by the call before they
+ *   are hashed, so such code can only cause an error, never an out-of-bounds read. The length
+ *   is checked against the starting one at the end.
  * - Buffers are read through a Py_buffer view held for the whole call, after checking ndim,
  *   shape, itemsize, format and length. Pages are hashed with the GIL held (each page's str is
  *   made while the next page is hashed), and after every YIELD_BYTES of input the GIL is
@@ -271,24 +276,32 @@ static int slow_token_value(Py_ssize_t i, PyObject *item, uint32_t *out) {
 #define ALWAYS_INLINE inline
 #endif
 
+/* The length of an exact list or tuple, or one of its items (a borrowed reference, valid only
+ * until Python code runs); i must be checked against seq_size first. */
+#define seq_size(seq, is_list) ((is_list) ? PyList_GET_SIZE(seq) : PyTuple_GET_SIZE(seq))
+#define seq_item(seq, is_list, i) ((is_list) ? PyList_GET_ITEM(seq, i) : PyTuple_GET_ITEM(seq, i))
+
 /* Convert an exact list or tuple of n items to little-endian uint32 words at out (n * 4 bytes,
- * owned by the caller). Items are read in order, each with a bounds-checked call, as
- * array('I', seq) reads them, so both implementations see the same items; a list that is too
- * short when an item is read, or whose length is no longer n at the end, is an error.
- * is_list is a constant at both call sites, so each gets a loop without the list/tuple test. */
+ * owned by the caller). Items are read in order, as array('I', seq) reads them, so both
+ * implementations see the same items; a list that is too short when an item is read, or whose
+ * length is no longer n at the end, is an error. is_list is a constant at both call sites, so
+ * each gets a loop without the list/tuple test. */
 static ALWAYS_INLINE int items_to_le32(PyObject *seq, const int is_list, Py_ssize_t n, uint8_t *out) {
+    /* The length as last read. Only the slow path below can run Python code: a successful
+     * PyLong_AsUnsignedLong reads an int without allocating or calling anything. */
+    Py_ssize_t size = n;
     for (Py_ssize_t i = 0; i < n; i++, out += 4) {
-        /* A borrowed reference: valid only until Python code runs. */
-        PyObject *item = is_list ? PyList_GetItem(seq, i) : PyTuple_GetItem(seq, i);
-        if (item == NULL) {
-            if (PyErr_ExceptionMatches(PyExc_IndexError)) changed_size();
+        PyObject *item;
+        if (i >= size) {
+            changed_size();
             return -1;
         }
+        item = seq_item(seq, is_list, i);
         {
             /* Any int (an int subclass too: read without calling its methods) converts here;
-             * anything else (not an int: PyLong_AsUnsignedLong raises without running Python
-             * code), or a value out of range, takes the slow path. Where unsigned long has 64
-             * bits the error value is above the limit and the compiler drops PyErr_Occurred. */
+             * anything else (not an int: PyLong_AsUnsignedLong raises without calling the
+             * object), or a value out of range, takes the slow path. Where unsigned long has
+             * 64 bits the error value is above the limit and the compiler drops PyErr_Occurred. */
             const unsigned long v = PyLong_AsUnsignedLong(item);
             if (v <= UINT32_MAX_UL && (v != (unsigned long)-1 || !PyErr_Occurred())) {
                 store_le32(out, (uint32_t)v);
@@ -299,15 +312,23 @@ static ALWAYS_INLINE int items_to_le32(PyObject *seq, const int is_list, Py_ssiz
         {
             uint32_t slow = 0;
             int rc;
+            /* Raising the error allocated: the garbage collector may have run Python code. */
+            size = seq_size(seq, is_list);
+            if (i >= size) {
+                changed_size();
+                return -1;
+            }
+            item = seq_item(seq, is_list, i);
             Py_INCREF(item); /* __index__ may drop the list's reference */
             rc = slow_token_value(i, item, &slow);
             Py_DECREF(item);
             if (rc < 0) return -1;
             store_le32(out, slow);
+            size = seq_size(seq, is_list);
         }
     }
-    if ((is_list ? PyList_Size(seq) : PyTuple_Size(seq)) != n) {
-        if (!PyErr_Occurred()) changed_size();
+    if (size != n) {
+        changed_size();
         return -1;
     }
     return 0;
@@ -392,8 +413,7 @@ static PyObject *py_page_hashes(PyObject *self, PyObject *args) {
     if (PyList_CheckExact(tokens) || PyTuple_CheckExact(tokens)) {
         /* Converted in full before hashing: item __index__ methods may run Python code. */
         const int is_list = PyList_CheckExact(tokens);
-        const Py_ssize_t n = is_list ? PyList_Size(tokens) : PyTuple_Size(tokens);
-        if (n < 0) goto done;
+        const Py_ssize_t n = seq_size(tokens, is_list);
         if ((size_t)n > (size_t)PY_SSIZE_T_MAX / 4) {
             PyErr_NoMemory();
             goto done;

@@ -93,18 +93,27 @@ def _all_valid(items: Sequence[object], max_len: int, chars: bytes) -> bool:
     :func:`check_key`, checked for the whole batch in a few C-level passes over it. False may
     also mean "check each item" (a ``..`` that only appears where two items meet)."""
     n = len(items)
+    if n == 0:
+        return True
     if countOf(map(type, items), str) != n:
         return False
     strs: Sequence[str] = items  # type: ignore[assignment]
-    lengths = set(map(len, strs))  # one pass; usually a single length (hex digests, their keys)
-    if not lengths or min(lengths) < 1 or max(lengths) > max_len:
-        return not lengths
+    # Usually every item has the first one's length (hex digests, the keys built from them):
+    # one comparison per item, where a set of the lengths hashes each of them.
+    size = len(strs[0])
+    if countOf(map(len, strs), size) != n:
+        size = 0
+        lengths = set(map(len, strs))
+        if min(lengths) < 1 or max(lengths) > max_len:
+            return False
+    elif size < 1 or size > max_len:
+        return False
     joined = "".join(strs)
     if not joined.isascii() or joined.encode("ascii").translate(None, chars):
         return False  # a character outside the set
-    # Each item's first character: with one common length L they sit at every L-th place of
+    # Each item's first character: with one common length they sit at every size-th place of
     # the joined string (one slice), otherwise they are picked item by item.
-    firsts = joined[:: next(iter(lengths))] if len(lengths) == 1 else "".join(map(_first, strs))
+    firsts = joined[::size] if size else "".join(map(_first, strs))
     return firsts.isalnum() and (b"." not in chars or _DOTS.search(joined) is None)
 
 
@@ -136,11 +145,11 @@ class ValidHashes(tuple[str, ...]):
             return page_hashes
         if isinstance(page_hashes, (str, bytes)):
             raise KeyTypeError("page_hashes must be a sequence of hash strings, not a single string")
-        items = tuple(page_hashes)
-        if items and not _all_valid(items, MAX_HASH_LEN, _HASH_BYTES):
+        items = tuple.__new__(cls, page_hashes)  # the batch itself: checked, then returned
+        if not _all_valid(items, MAX_HASH_LEN, _HASH_BYTES):
             for h in items:
                 check_page_hash(h)
-        return tuple.__new__(cls, items)
+        return items
 
     def pick(self, positions: Iterable[int]) -> ValidHashes:
         """The hashes at ``positions``, in that order (already valid: not checked again)."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hicache_core as hc
 from hicache_core import KeyScheme, PoolName
+from hicache_core.paging import ValidHashes
 
 H = "ab" * 32
 
@@ -86,3 +87,62 @@ def test_hostile_page_hashes_are_rejected(bad) -> None:
 def test_check_key_rejects_unsafe(bad: str) -> None:
     with pytest.raises(hc.KeyFormatError, match="unsafe storage key"):
         hc.check_key(bad)
+
+
+# ---- batch checks: one pass over a joined batch must agree with the per-item checks ---------------
+
+_CHARS = "ab09Z._-/\\ \0é"
+
+
+class _StrSub(str):
+    pass
+
+
+def _mutate(base: str, data: st.DataObject) -> object:
+    kind = data.draw(st.sampled_from(["same", "char", "shorter", "longer", "empty", "other", "sub"]))
+    if kind == "same":
+        return base
+    if kind == "char" and base:
+        i = data.draw(st.integers(0, len(base) - 1))
+        return base[:i] + data.draw(st.sampled_from(_CHARS)) + base[i + 1 :]
+    if kind == "shorter":
+        return base[: data.draw(st.integers(0, len(base)))]
+    if kind == "longer":
+        return base + data.draw(
+            st.text("ab0-." if data.draw(st.booleans()) else _CHARS, min_size=1, max_size=3)
+        )
+    if kind == "other":
+        return data.draw(st.sampled_from([7, None, b"ab", base.encode()]))
+    if kind == "sub":
+        return _StrSub(base)
+    return ""
+
+
+def _verdict(check, items) -> bool:
+    try:
+        check(items)
+    except hc.HiCacheError:
+        return False
+    return True
+
+
+@settings(max_examples=400)
+@given(
+    base=st.text(_CHARS, max_size=8).map(lambda t: "k" + t)
+    | st.sampled_from(["m.kv.k.all." + H, H, "a" * 128, "a.b" * 85]),
+    size=st.integers(0, 12),
+    data=st.data(),
+)
+def test_batch_checks_agree_with_per_item_checks(base: str, size: int, data: st.DataObject) -> None:
+    """Mostly one common length (the fast path), with edits that change a length, a character,
+    the type, or add ``..`` across items: a batch passes exactly when every item does."""
+    items: list[object] = [base] * size
+    for i in data.draw(st.lists(st.integers(0, size - 1), max_size=2)) if size else ():
+        items[i] = _mutate(base, data)  # at most two items differ from the rest
+    each_key = all(_verdict(hc.check_key, k) for k in items)
+    each_hash = all(_verdict(hc.check_page_hash, h) for h in items)
+    assert _verdict(hc.check_keys, items) == each_key
+    assert _verdict(hc.check_keys, tuple(items)) == each_key
+    assert _verdict(ValidHashes, items) == each_hash
+    if each_hash:
+        assert ValidHashes(items) == tuple(items)

@@ -11,15 +11,18 @@ return well-formed hashes or raise, never crash.
 from __future__ import annotations
 
 import hashlib
+import re
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import hicache_core.native as _native_pkg
 from hicache_core.errors import BatchShapeError, BatchTypeError, HiCacheError, KeyFormatError, KeyTypeError
 from hicache_core.paging import hashes as _hashing
 
@@ -439,6 +442,73 @@ def test_huge_values_are_described_not_printed() -> None:
             return 10**5000
 
     assert assert_twins(lambda: ([1, Huge()], 1, None)) == ("raised", BatchShapeError)
+
+
+class _Mutator:
+    """An item whose ``__index__`` first changes the list it sits in, then returns ``value``."""
+
+    def __init__(self, value: int, change: Callable[[list[object]], None], holder: Holder) -> None:
+        self.value, self.change, self.holder = value, change, holder
+
+    def __index__(self) -> int:
+        assert self.holder.target is not None
+        self.change(self.holder.target)
+        return self.value
+
+
+def _with_mutator(n: int, at: int, change: Callable[[list[object]], None]) -> tuple[object, object, object]:
+    """range(n) as a list whose item ``at`` (value ``at``) runs ``change`` on the list when read."""
+    holder = Holder()
+    tokens: list[object] = list(range(n))
+    tokens[at] = _Mutator(at, change, holder)
+    holder.target = tokens
+    return tokens, 4, None
+
+
+def test_items_changed_by_index_are_read_after_the_change() -> None:
+    # The C loop reads the list's length and its items again after any __index__ call.
+    def replace(t: list[object]) -> None:
+        t[12] = 777
+
+    def swap_tail(t: list[object]) -> None:  # same length afterwards, new items
+        del t[8:]
+        t.extend([900] * 8)
+
+    def drop_self(t: list[object]) -> None:  # the list held the item's last reference
+        t[3] = 3
+
+    words = list(range(16))
+    assert assert_twins(lambda: _with_mutator(16, 3, replace)) == (
+        "ok",
+        reference([*words[:12], 777, *words[13:]], 4, None),
+    )
+    assert assert_twins(lambda: _with_mutator(16, 3, swap_tail)) == (
+        "ok",
+        reference([*words[:8], *[900] * 8], 4, None),
+    )
+    assert assert_twins(lambda: _with_mutator(16, 3, drop_self)) == ("ok", reference(words, 4, None))
+
+
+def test_list_shrunk_below_the_next_index_is_an_error() -> None:
+    def shrink(t: list[object]) -> None:
+        del t[2:]
+
+    def shrink_to_here(t: list[object]) -> None:
+        del t[6:]
+
+    assert assert_twins(lambda: _with_mutator(16, 5, shrink)) == ("raised", BatchShapeError)
+    assert assert_twins(lambda: _with_mutator(16, 5, shrink_to_here)) == ("raised", BatchShapeError)
+    assert assert_twins(lambda: _with_mutator(16, 15, shrink)) == ("raised", BatchShapeError)
+
+
+def test_c_source_uses_only_the_public_api() -> None:
+    """No private ``_Py`` names and no struct fields of Python objects in the C file (outside
+    comments); documented macros such as ``PyList_GET_ITEM`` are public API."""
+    source = (Path(_native_pkg.__file__).parent / "_pagehash.c").read_text()
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", " ", source, flags=re.S)
+    assert "PyList_GET_ITEM" in code  # the check below reads the code, not the comments
+    assert re.findall(r"\b_Py\w*", code) == []
+    assert re.findall(r"(?:->|\.)\s*(?:ob|tp)_\w+", code) == []
 
 
 # ---- the C module called directly -------------------------------------------------------------------

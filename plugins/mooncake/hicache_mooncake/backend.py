@@ -73,6 +73,15 @@ def _flat(values: Sequence[Sequence[Any]]) -> list[Any]:
     return list(chain.from_iterable(values))
 
 
+def _flat_keys(rows: Sequence[Sequence[str]]) -> list[str]:
+    """A transfer's keys, page by page. Rows of one key (one-component pools: MLA KV, indexer)
+    are unpacked in one list comprehension, which takes a third of the time of chaining them."""
+    try:
+        return [k for (k,) in rows]
+    except ValueError:  # a row with several components
+        return list(chain.from_iterable(rows))
+
+
 class MooncakeBackend:
     """Pages on a Mooncake cluster: embedded (``setup``) or standalone (``setup_dummy``)."""
 
@@ -202,7 +211,7 @@ class MooncakeBackend:
         # checked here once, and exactly that checked list goes to the client.
         flat_keys: list[list[str]] = []
         for t in transfers:
-            tkeys = _flat(t.keys)
+            tkeys = _flat_keys(t.keys)
             check_keys(tkeys)
             flat_keys.append(tkeys)
         if len(transfers) == 1 and op is not _EXISTS:  # the controller's usual call
