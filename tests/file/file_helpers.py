@@ -94,3 +94,20 @@ def shared_writer(root: str, rounds: int) -> None:
         for _ in range(rounds):
             if not all(store.batch_io_v1(IoOp.SET, keys, bufs)):
                 raise SystemExit(3)
+
+
+def budget_writer(root: str, options: dict[str, Any], writer: int, batches: int, bar: Any, q: Any) -> None:
+    """Child: open a store on ``root``, wait for the others, write ``batches`` batches of 16
+    ``pattern`` pages of 16 KiB, then keep the store open until the parent has measured."""
+    from hicache_core import IoOp, open_store
+
+    with open_store(config(root, options=options)) as store:
+        bar.wait()
+        for b in range(batches):
+            keys = [f"bud.w{writer}-{b:04d}-{j:02d}" for j in range(16)]
+            bufs = [torch.frombuffer(bytearray(pattern(k, 16 << 10)), dtype=torch.uint8) for k in keys]
+            if not all(store.batch_io_v1(IoOp.SET, keys, bufs)):
+                raise SystemExit(3)
+        q.put(writer)
+        bar.wait()  # the parent measures the root now
+        bar.wait()

@@ -138,6 +138,7 @@ class FileBackend(PageIo):
                     self._stats,
                     self._stats_lock,
                     lambda: (m := pool()) and m(),
+                    partial(tree.refresh, tree.top, False),
                 )
             except BaseException:
                 tree.close()
@@ -285,7 +286,11 @@ class FileBackend(PageIo):
         check_key(namespace)
         prefix = namespace + "."
         if self.segments is not None:
-            removed = self.segments.clear(prefix)
+            self.segments._enter()
+            try:
+                removed = self.segments.clear(prefix)
+            finally:
+                self.segments._leave()
             with self._stats_lock:
                 self._stats.cleared += removed
             log.info("hicache.file: cleared namespace %r under %s: %d pages", namespace, self.root, removed)
@@ -480,15 +485,19 @@ class FileBackend(PageIo):
         seg = self.segments
         assert seg is not None
         check_key_batch(keys, self._valid)
-        if op is IoOp.EXISTS:
-            found = seg.exists(keys)
-            counts = {"exists_checks": len(keys)}
-        elif op is IoOp.GET:
-            found, counts = seg.get(keys, iovs, sizes, posts)
-            counts["gets"] = len(keys)
-        else:
-            found, counts = seg.set(keys, iovs, sizes, page_groups(keys, shape))
-            counts["sets"] = len(keys)
+        seg._enter()  # close() closes no fd while a batch may use it
+        try:
+            if op is IoOp.EXISTS:
+                found = seg.exists(keys)
+                counts = {"exists_checks": len(keys)}
+            elif op is IoOp.GET:
+                found, counts = seg.get(keys, iovs, sizes, posts)
+                counts["gets"] = len(keys)
+            else:
+                found, counts = seg.set(keys, iovs, sizes, page_groups(keys, shape))
+                counts["sets"] = len(keys)
+        finally:
+            seg._leave()
         with self._stats_lock:
             st = self._stats
             for name, v in counts.items():

@@ -42,13 +42,18 @@ class FileOptions(BaseModel):
     ``<user cache dir>/hicache/file``. Every process opening the same root shares the pages.
     It may be (or pass through) a symlink: it is resolved once, at open; nothing below it is
     ever reached through a symlink.
-    ``max_bytes``: optional byte budget over every namespace in ``root`` (headers included),
-    enforced with LRU eviction (``layout="segments"``: whole segments, oldest first, their live
-    pages dropped); ``None`` means unbounded. With ``"files"``, setting it makes open scan
-    ``root`` once to rebuild the index (5-10 us per file).
+    ``max_bytes``: optional byte budget over the pages in ``root`` (``"files"``: the page files,
+    headers included; ``"segments"``: every file in ``segments/`` and ``index/``), enforced with
+    LRU eviction (``layout="segments"``: whole segments, oldest first, their live pages dropped);
+    ``None`` means unbounded. With ``"files"``, setting it makes open scan ``root`` once to
+    rebuild the index (5-10 us per file), and each process enforces it over the files it knows:
+    N processes open on one root at once may hold N budgets (plus a batch each). With
+    ``"segments"`` it holds for the root: N stores writing at once exceed it by at most
+    ``N * (max_bytes / 8 + max_bytes / 16 + one batch)``. See ``plugins/file/README.md``.
     ``fsync``: ``fsync`` each page and its directory before reporting it stored (``"segments"``:
     the batch's segment data, its index records and any new segment or log's directory entry,
-    synced in parallel) (durable across power loss; without it, a crash of the process still never exposes a torn page, and a page
+    synced in parallel), and the parent of every directory the store creates, the root and its
+    missing parents included (durable across power loss; without it, a crash of the process still never exposes a torn page, and a page
     damaged by power loss is caught by its checksum and read as a miss).
     ``io_threads``: threads moving one batch in parallel, the caller's included (1 = inline in
     the caller's thread); the other threads are a pool kept until ``close``.

@@ -35,7 +35,7 @@ from . import _format as fmt
 from ._dirs import O_CLOEXEC, O_NOFOLLOW, DirTree, describe
 from ._errors import FileRootError
 
-__all__ = ["HOST", "Publisher", "open_root", "sweep_temps", "temp_name"]
+__all__ = ["HOST", "Publisher", "open_root", "sweep_dir", "sweep_temps", "temp_name"]
 
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 _CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
@@ -148,7 +148,7 @@ def open_root(
         '`HICACHE_OPTIONS=\'{"root": "/path/to/cache"}\'`) or fix its permissions'
     )
     try:
-        os.makedirs(root, exist_ok=True)
+        _make_root(root, fsync)
     except OSError as err:
         raise FileRootError(
             f"file backend root {root!r} cannot be created: [Errno {err.errno}] "
@@ -169,6 +169,27 @@ def open_root(
         tree.close()
         raise
     return tree, publisher, removed
+
+
+def _make_root(root: str, fsync: bool) -> None:
+    """``os.makedirs(root)``; with ``fsync``, then ``fsync`` the parent of every directory it
+    had to create (else a power loss could take the new root, and the durable pages in it, away)."""
+    path = os.path.abspath(root)
+    missing = []
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    os.makedirs(root, exist_ok=True)
+    if fsync:
+        for made in reversed(missing):
+            fd = os.open(os.path.dirname(made), os.O_RDONLY | os.O_DIRECTORY | O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
 
 def _setup(
@@ -233,17 +254,19 @@ def sweep_temps(tree: DirTree, max_age_s: float) -> int:
     cutoff = time.time_ns() - int(max_age_s * 1e9)
     removed = 0
     rfd = tree.top.fd
-    removed += _sweep_dir(rfd, (fmt.TEMP_PREFIX, fmt.MARKER_NAME + "."), cutoff)
+    removed += sweep_dir(rfd, (fmt.TEMP_PREFIX, fmt.MARKER_NAME + "."), cutoff)
     try:
         tfd = tree.refresh(tree.tmp, False)
     except OSError:
         return removed  # a symlink or a file in its place: never followed (writes will say so)
     if tfd >= 0:
-        removed += _sweep_dir(tfd, (fmt.TEMP_PREFIX,), cutoff)
+        removed += sweep_dir(tfd, (fmt.TEMP_PREFIX,), cutoff)
     return removed
 
 
-def _sweep_dir(dfd: int, prefixes: tuple[str, ...], cutoff_ns: int) -> int:
+def sweep_dir(dfd: int, prefixes: tuple[str, ...], cutoff_ns: int) -> int:
+    """Unlink the files of ``dfd`` named ``<prefix><host>-<pid>-...`` whose writer is gone
+    from this host, or (any name with a prefix) last modified before ``cutoff_ns``."""
     removed = 0
     try:
         with os.scandir(dfd) as it:

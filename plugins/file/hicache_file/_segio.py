@@ -34,17 +34,19 @@ import ctypes
 import errno
 import mmap
 import os
-import secrets
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
 from . import _format as fmt
-from ._dirs import O_CLOEXEC, O_NOFOLLOW
+from ._dirs import O_CLOEXEC, O_NOFOLLOW, describe, open_dir
+from ._errors import FileRootError
 from ._pool_io import MAX_IOV
+from ._publish import sweep_dir, temp_name
 from ._seglog import ALIGN
 
 __all__ = [
@@ -52,13 +54,17 @@ __all__ = [
     "DIRECT_DEPTH",
     "DIRECT_RUN",
     "O_DIRECT",
+    "PROBE_PREFIX",
     "Item",
     "Seg",
     "close_seg",
     "has_cachestat",
+    "open_subdir",
     "probe_direct",
     "read_run",
+    "run_parallel",
     "split_runs",
+    "sweep_probes",
     "sync_parallel",
     "write_run",
 ]
@@ -75,6 +81,10 @@ faster at 2 MiB / 256 KiB pages (paired medians, ``benchmarks/README.md``, "Tent
 
 Item = tuple[list[Any], int]
 """``(parts, length)``: one page component as buffers (``memoryview`` "B") and its length."""
+
+PROBE_PREFIX = ".probe-direct-"
+"""Name prefix of the probe file; the rest is ``<host>-<pid>-...`` (:func:`~hicache_file._publish.temp_name`),
+so an open can tell the probe of a killed opener from a live one's."""
 
 _ZEROS = bytes(ALIGN)
 _libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
@@ -107,7 +117,7 @@ def probe_direct(dfd: int) -> str | None:
     """``None`` when ``O_DIRECT`` writes and reads work in directory ``dfd``, else why not."""
     if not O_DIRECT:
         return "this platform has no O_DIRECT"
-    name = f".probe-direct-{secrets.token_hex(4)}"
+    name = temp_name(PROBE_PREFIX)
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
     try:
         fd = os.open(name, flags | O_DIRECT, 0o600, dir_fd=dfd)
@@ -133,6 +143,31 @@ def probe_direct(dfd: int) -> str | None:
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=dfd)
     return None
+
+
+def open_subdir(rfd: int, name: str, root: str, fsync: bool) -> int:
+    """The fd of directory ``name`` of the root (``segments/``, ``index/``), created if missing
+    (with ``fsync``, its new entry synced); raises :class:`FileRootError`."""
+    try:
+        try:
+            return open_dir(name, rfd)
+        except FileNotFoundError:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, 0o755, dir_fd=rfd)
+                if fsync:
+                    os.fsync(rfd)
+            return open_dir(name, rfd)
+    except OSError as err:
+        raise FileRootError(
+            f"file backend root {root!r}: cannot use {describe(err, f'{root}/{name}', name, rfd)}; "
+            "remove what stands there or use another root"
+        ) from None
+
+
+def sweep_probes(sdir: int, max_age_s: float) -> int:
+    """Remove the probe files of openers killed during :func:`probe_direct` (gone from this host,
+    or older than ``max_age_s``); return how many."""
+    return sweep_dir(sdir, (PROBE_PREFIX,), time.time_ns() - int(max_age_s * 1e9))
 
 
 def _padded(items: Sequence[Item]) -> int:
@@ -349,6 +384,25 @@ def _cachestat_args(fd: int, rng: _CacheStatRange, cs: _CacheStat) -> tuple[Any,
         ctypes.byref(cs),
         ctypes.c_long(0),
     )
+
+
+def run_parallel(work: Sequence[Callable[[], Any]], ex: ThreadPoolExecutor, k: int) -> list[Any]:
+    """Run ``work`` in ``k`` contiguous parts, the first on the caller's thread and the others on
+    ``ex``; results in order. Returns only once every part is done."""
+    bounds = [len(work) * i // k for i in range(k + 1)]
+
+    def part(lo: int, hi: int) -> list[Any]:
+        return [w() for w in work[lo:hi]]
+
+    futures: list[Future[list[Any]]] = [ex.submit(part, bounds[i], bounds[i + 1]) for i in range(1, k)]
+    try:
+        first = part(bounds[0], bounds[1])
+    finally:  # never return while a worker still touches the caller's buffers
+        rest = [f.result() for f in futures]
+    out = first
+    for r in rest:
+        out += r
+    return out
 
 
 def sync_parallel(

@@ -19,12 +19,12 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import countOf
 
 from hicache_core import KeyFormatError, check_key, check_keys
 
-from ._dirs import O_CLOEXEC, O_NOFOLLOW, DirTree
+from ._dirs import O_CLOEXEC, O_NOFOLLOW, DirTree, open_dir
 from ._publish import _writer_gone
 from ._segio import O_DIRECT, has_cachestat
 from ._seglog import (
@@ -82,9 +82,11 @@ class SegIndex:
         direct: bool,
         auto: bool = False,
         durable: bool = True,
+        root_fd: Callable[[], int] | None = None,
     ) -> None:
         self.root = root
-        self._sdir, self._idir = sdir, idir
+        self._dirs = (sdir, idir)  # -1, -1 once closed: opened again on use, through root_fd()
+        self._root_fd = root_fd
         self.writer = writer
         self.direct = direct  # O_DIRECT reads
         self.cached = direct and auto and has_cachestat()  # reads take cached runs from the page cache
@@ -111,8 +113,40 @@ class SegIndex:
         """Close every file this store holds open (not its directories)."""
 
     def dir_fds(self) -> tuple[int, int]:
-        """The fds of ``segments/`` and ``index/`` (closed by :func:`close_all`)."""
-        return self._sdir, self._idir
+        """The fds of ``segments/`` and ``index/`` (-1 when closed; see :meth:`close_dirs`)."""
+        return self._dirs
+
+    @property
+    def _sdir(self) -> int:
+        fd = self._dirs[0]
+        return fd if fd >= 0 else self._reopen_dirs()[0]
+
+    @property
+    def _idir(self) -> int:
+        fd = self._dirs[1]
+        return fd if fd >= 0 else self._reopen_dirs()[1]
+
+    def _reopen_dirs(self) -> tuple[int, int]:
+        """Open ``segments/`` and ``index/`` again (a closed store still answers)."""
+        with self._lock:
+            if self._dirs[0] < 0:
+                if self._root_fd is None:
+                    raise OSError(errno.EBADF, f"the segment store under {self.root} is closed")
+                rfd = self._root_fd()
+                sdir = open_dir(SEG_DIR, rfd)
+                try:
+                    idir = open_dir(INDEX_DIR, rfd)
+                except BaseException:
+                    os.close(sdir)
+                    raise
+                self._dirs = (sdir, idir)
+            return self._dirs
+
+    def close_dirs(self) -> None:
+        """Close the directory fds once no batch runs (:meth:`_enter`); opened again on use."""
+        with self._lock:
+            dirs, self._dirs = self._dirs, (-1, -1)
+            self._retire(dirs)
 
     def refresh(self) -> None:
         """Read what other writers appended, and forget pages of segments that are gone."""
@@ -437,6 +471,7 @@ def close_all(tree: DirTree, store: SegIndex) -> None:
     with contextlib.suppress(OSError):
         store.close()
     for fd in store.dir_fds():
-        with contextlib.suppress(OSError):
-            os.close(fd)
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
     tree.close()

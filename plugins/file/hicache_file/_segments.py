@@ -40,12 +40,11 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ._dirs import O_CLOEXEC, O_NOFOLLOW, describe, open_dir
-from ._errors import FileRootError
+from ._dirs import O_CLOEXEC, O_NOFOLLOW
 from ._publish import HOST
 from ._segio import (
     CHUNK,
@@ -56,9 +55,12 @@ from ._segio import (
     OK,
     Seg,
     close_seg,
+    open_subdir,
     probe_direct,
     read_run,
+    run_parallel,
     split_runs,
+    sweep_probes,
     sync_parallel,
     write_run,
 )
@@ -86,8 +88,18 @@ __all__ = ["SegmentStore"]
 log = logging.getLogger("hicache.file")
 
 SEG_BYTES = 1 << 30
-"""A writer starts a new segment once its current one holds this much (smaller under a tight
-``max_bytes``: eviction frees whole segments)."""
+"""A writer starts a new segment once its current one holds this much; under ``max_bytes``,
+``max_bytes / 16`` when that is smaller (at least ``SEG_MIN``): eviction frees whole segments, and
+a store never evicts the one it appends to."""
+
+SEG_MIN = 64 << 10
+"""The smallest segment target (a ``max_bytes`` under 1 MiB): smaller would be one file per page."""
+
+MEASURE_SHARE = 8
+"""A store lists the root again (and evicts) once it has added ``max_bytes / MEASURE_SHARE`` bytes
+since its last listing: other stores' writes are seen then, so N stores writing one root at once
+overshoot the budget by ``N * max_bytes / MEASURE_SHARE`` at most, plus a preallocation step and a
+batch each (``plugins/file/README.md``, "max_bytes" under "Segment layout")."""
 
 
 LOG_MAX = 64 << 20
@@ -98,23 +110,6 @@ PREALLOC = 128 << 20
 """Segments grow by preallocated steps (``posix_fallocate``); the unused tail is cut when the
 segment is sealed; a killed writer's is cut by the next store opened on the root on this host
 (:meth:`~hicache_file._segmap.SegIndex.trim_gone_writers`)."""
-
-
-def _subdir(rfd: int, name: str, root: str, fsync: bool) -> int:
-    try:
-        try:
-            return open_dir(name, rfd)
-        except FileNotFoundError:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o755, dir_fd=rfd)
-                if fsync:
-                    os.fsync(rfd)
-            return open_dir(name, rfd)
-    except OSError as err:
-        raise FileRootError(
-            f"file backend root {root!r}: cannot use {describe(err, f'{root}/{name}', name, rfd)}; "
-            "remove what stands there or use another root"
-        ) from None
 
 
 class SegmentStore(SegIndex):
@@ -128,30 +123,35 @@ class SegmentStore(SegIndex):
         stats: FileStats,
         stats_lock: threading.Lock,
         executor: Callable[[], ThreadPoolExecutor | None],
+        root_fd: Callable[[], int] | None = None,
     ) -> None:
         self._fsync = options.fsync
         self._max = options.max_bytes
         self._threads, self._min_par = options.io_threads, options.parallel_min_bytes
         self._executor = executor
         self._stats, self._stats_lock = stats, stats_lock
-        self._seg_target = SEG_BYTES if self._max is None else max(CHUNK, min(SEG_BYTES, self._max // 16))
-        sdir = _subdir(rfd, SEG_DIR, root, options.fsync)
+        self._seg_target = SEG_BYTES if self._max is None else max(SEG_MIN, min(SEG_BYTES, self._max // 16))
+        sdir = open_subdir(rfd, SEG_DIR, root, options.fsync)
         try:
-            idir = _subdir(rfd, INDEX_DIR, root, options.fsync)
+            idir = open_subdir(rfd, INDEX_DIR, root, options.fsync)
         except BaseException:
             os.close(sdir)
             raise
+        swept = sweep_probes(sdir, options.temp_max_age_s)
+        with stats_lock:
+            stats.temp_files_removed += swept
         why = probe_direct(sdir) if options.direct_io else "direct_io is off"
         if options.direct_io and why is not None:
             log.info("hicache.file: %s/%s: no O_DIRECT (%s); segments use buffered I/O", root, SEG_DIR, why)
         writer, auto = f"{HOST or 'x'}-{os.getpid()}-{secrets.token_hex(4)}", options.direct_io == "auto"
-        super().__init__(root, sdir, idir, writer, why is None, auto, options.fsync)
+        super().__init__(root, sdir, idir, writer, why is None, auto, options.fsync, root_fd)
         self._seed = seed(self.writer)
         self._log_fd = -1
         self._wlock = threading.Lock()  # own segment / log
         self._cur: Seg | None = None
         self._next_n = 0
-        self._approx = 0  # bytes under the root, as of the last listing plus own writes since
+        self._approx = 0  # bytes under the root at the last listing
+        self._grown = 0  # bytes this store added to its files since the last listing (_wlock)
         self._evict_lock = threading.Lock()
         self._log_made = False
         self._log_bytes = 0
@@ -179,21 +179,9 @@ class SegmentStore(SegIndex):
         ex = self._executor() if len(work) > 1 and self._threads > 1 and nbytes >= self._min_par else None
         if ex is None:
             return [w() for w in work]
-        k = min(max(self._threads, DIRECT_DEPTH) if direct else self._threads, len(work))
-        bounds = [len(work) * i // k for i in range(k + 1)]
-
-        def part(lo: int, hi: int) -> list[Any]:
-            return [w() for w in work[lo:hi]]
-
-        futures: list[Future[list[Any]]] = [ex.submit(part, bounds[i], bounds[i + 1]) for i in range(1, k)]
-        try:
-            first = part(bounds[0], bounds[1])
-        finally:  # never return while a worker still touches the caller's buffers
-            rest = [f.result() for f in futures]
-        out = first
-        for r in rest:
-            out += r
-        return out
+        return run_parallel(
+            work, ex, min(max(self._threads, DIRECT_DEPTH) if direct else self._threads, len(work))
+        )
 
     def get(
         self, keys: Sequence[str], iovs: list[list[Any]], sizes: list[int], posts: list[Any] | None
@@ -312,6 +300,7 @@ class SegmentStore(SegIndex):
             self._log_fd = fd
             self._log_made = True
             self._log_bytes = HEADER_SIZE
+            self._grown += HEADER_SIZE
         return self._log_fd
 
     def _reserve(self, nbytes: int) -> tuple[Seg, int]:
@@ -332,12 +321,14 @@ class SegmentStore(SegIndex):
                 with self._lock:
                     self._by_seg.setdefault(name, [])
             off = cur.end
+            size = max(cur.end, cur.alloc)
             cur.end += nbytes
             if cur.end > cur.alloc:  # O_DIRECT writes into allocated blocks run 7-15 % faster
                 step = max(cur.end - cur.alloc, min(PREALLOC, self._seg_target))
                 with contextlib.suppress(OSError):  # best effort: a full disk fails the writes themselves
                     os.posix_fallocate(cur.fd, cur.alloc, step)
                     cur.alloc += step
+            self._grown += max(cur.end, cur.alloc) - size
             cur.inflight += 1
             self._pending += 1
             return cur, off
@@ -438,6 +429,7 @@ class SegmentStore(SegIndex):
                         if self._fsync:
                             self._sync_both(seg.fd, lfd)
                         self._log_bytes += len(data)
+                        self._grown += len(data)
                         if self._log_bytes > LOG_MAX and self._pending == 1:  # no other batch between
                             self._rotate()  # its reservation and its records: none names this writer
                 except OSError as err:
@@ -459,8 +451,8 @@ class SegmentStore(SegIndex):
         if first_err is not None:
             self._log_write_error(counts["write_errors"], n, first_err)
         if self._max is not None:
-            self._approx += total
-            if self._approx > self._max:
+            grown = self._grown
+            if self._approx + grown > self._max or grown >= self._max // MEASURE_SHARE:
                 self._evict()
         return ok, counts
 
@@ -501,6 +493,7 @@ class SegmentStore(SegIndex):
                 if os.write(lfd, rec) != len(rec):
                     raise OSError(errno.ENOSPC, "short write to the index log")
                 self._log_bytes += len(rec)
+                self._grown += len(rec)
                 if self._fsync:
                     os.fdatasync(lfd)
                     if self._idir in self._dirty_dirs:  # the log was just created
@@ -545,6 +538,8 @@ class SegmentStore(SegIndex):
         """Unlink the oldest segments until everything under the root fits ``max_bytes``."""
         assert self._max is not None
         with self._evict_lock:
+            with self._wlock:
+                self._grown = 0
             segs = []
             total = 0
             for dfd in (self._sdir, self._idir):
@@ -586,14 +581,18 @@ class SegmentStore(SegIndex):
         log.debug("hicache.file: evicted %d pages (%d bytes of segments) to fit max_bytes", pages, nbytes)
 
     def close(self) -> None:
-        """Seal the segment being written and close every file (not the directories: a closed
-        store still answers, opening what it needs again)."""
+        """Seal the segment being written and close every file and directory (a closed store
+        still answers, opening what it needs again)."""
         with self._wlock:
             if self._cur is not None:
                 self._seal(self._cur)
             if self._log_fd >= 0:
                 os.close(self._log_fd)
                 self._log_fd = -1
+            for dfd in self._dirty_dirs:  # a batch that failed after creating a file
+                with contextlib.suppress(OSError):
+                    os.fsync(dfd)
+            self._dirty_dirs.clear()
         with self._lock:
             for lg in self._logs.values():
                 if lg.fd >= 0:
@@ -602,3 +601,4 @@ class SegmentStore(SegIndex):
             for fd in self._fds.values():
                 self._retire(fd)
             self._fds.clear()
+        self.close_dirs()
