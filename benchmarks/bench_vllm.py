@@ -15,7 +15,8 @@ each measurement in a fresh ``.venv-vllm`` process running this file with ``--ch
   contenders back to back, the order rotating, and the median over rounds of the paired ratio.
   Target >= 0.9. It measures what the connector adds to the controller's own path. Reported
   with it: ``vs_page_first_pool``, the connector against a controller reading the same pages
-  into a page-first pool of its own (the layout cost of vLLM's layer-major CPU KV cache).
+  into a contiguous host pool of its own, in the connector's layout (the cost of viewing vLLM's
+  KV cache in place).
   ``vllm_save_vs_controller`` is the same for writing fresh pages (backup), the connector
   handed them as vLLM hands one engine step of ``STEP_REQUESTS`` requests (its worker writes a
   step's pages in one transfer), the controller in one ``backup`` call.
@@ -154,7 +155,7 @@ def _load_modes(llm: Any, prompt: str, repeats: int) -> dict[str, float]:
 def _throughput(worker: Any, pages: int, rounds: int) -> dict[str, float]:
     """Connector worker vs CacheController on the same pages: GB/s of the connector (``load``,
     ``save``), of a controller over the same vLLM blocks (``ctl_*``) and of a controller over a
-    page-first pool of its own (``pf_*``); per round all back to back, the order rotating; the
+    contiguous pool of its own in the connector's layout and key namespace (``pf_*``); per round all back to back, the order rotating; the
     paired ratios connector / controller; medians over rounds."""
     import torch
     from hicache_vllm import PageOp
@@ -165,7 +166,12 @@ def _throughput(worker: Any, pages: int, rounds: int) -> dict[str, float]:
     g = pool.geometry
     blocks = list(range(1, pages + 1))
     nbytes = pages * pool.page_nbytes
-    own = HostPool([ComponentSpec("kv", g.runs, (g.run_nbytes,), torch.uint8)], pages + 1, allocate=False)
+    own = HostPool(
+        [ComponentSpec("kv", g.runs, (g.run_nbytes,), torch.uint8)],
+        pages + 1,
+        layout=worker.config.layout,
+        allocate=False,
+    )
     same_cfg = worker.config.model_copy(update={"layout": pool.layout})  # its own key namespace
     out: dict[str, list[float]] = {}
 
@@ -275,9 +281,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     sync_ms, async_ms = modes["sync_ttft_s"] * 1e3, modes["async_ttft_s"] * 1e3
     print(
         f"bench_vllm: TTFT hicache {hicache['ttft_s'] * 1e3:.1f} ms vs recompute {recompute['ttft_s'] * 1e3:.1f} ms; "
-        f"load {hicache['load']:.2f} vs controller {hicache['ctl_load']:.2f} (page-first pool "
+        f"load {hicache['load']:.2f} vs controller {hicache['ctl_load']:.2f} (own pool "
         f"{hicache['pf_load']:.2f}) GB/s; save {hicache['save']:.2f} vs controller "
-        f"{hicache['ctl_save']:.2f} (page-first pool {hicache['pf_save']:.2f}) GB/s; TTFT hit with "
+        f"{hicache['ctl_save']:.2f} (own pool {hicache['pf_save']:.2f}) GB/s; TTFT hit with "
         f"synchronous loads {sync_ms:.1f} ms, asynchronous loads {async_ms:.1f} ms (paired ratio "
         f"{modes['async_vs_sync']:.2f})"
     )
